@@ -1,0 +1,113 @@
+"""ForwardBatch: one ragged batch for one model forward, as flat tensors plus offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SeqChunk:
+    """What one sequence contributes to a forward: its new tokens and where their KV goes."""
+
+    token_ids: list[int]
+    """New tokens this step: a prefill chunk, 1 decode token, or 1 + k verify tokens."""
+    start_position: int
+    """Number of tokens already in this sequence's KV cache (the first new token's position)."""
+    slots: list[int]
+    """KV slot of each new token (from its BlockTable)."""
+    block_table: list[int]
+    """Blocks of the whole sequence, in order."""
+    num_logits: int = 1
+    """Logits wanted for the last num_logits new tokens (0 for a non-final prefill chunk)."""
+    extra_mask: torch.Tensor | None = None
+    """[q, q] bool among the new tokens, True = may attend (a draft tree); None = causal."""
+    positions: list[int] | None = None
+    """Rotary positions of the new tokens; None = start_position + 0, 1, 2, ..."""
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """Several sequences in one forward; sequence s owns rows cu_query_lens[s]:cu_query_lens[s+1]."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, rotary positions
+    slot_mapping: torch.Tensor  # [T] int64, KV slot each new token writes
+    cu_query_lens: torch.Tensor  # [S + 1] int64, offsets of each sequence's rows
+    context_lens: torch.Tensor  # [S] int64, KV length after this step's tokens are written
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with 0
+    logits_indices: torch.Tensor  # [L] int64, flat rows whose logits are computed
+    extra_mask: torch.Tensor | None  # [S, max_q, max_q] bool among new tokens, or None
+    query_lens: list[int]  # host copy of the per-sequence new-token counts
+    context_lens_host: list[int]  # host copy of context_lens (shapes without a device sync)
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(
+        cls, chunks: Sequence[SeqChunk], block_size: int, device: torch.device | str = "cpu"
+    ) -> ForwardBatch:
+        """Flatten per-sequence chunks into one batch (host work, then one copy per tensor)."""
+        if not chunks:
+            raise ValueError("a forward batch needs at least one sequence")
+        query_lens = [len(c.token_ids) for c in chunks]
+        if min(query_lens) < 1:
+            raise ValueError("every sequence in a batch needs at least one new token")
+        context_lens = [c.start_position + q for c, q in zip(chunks, query_lens, strict=True)]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        cu = [0]
+        for c, q in zip(chunks, query_lens, strict=True):
+            ids += c.token_ids
+            positions += c.positions or range(c.start_position, c.start_position + q)
+            slots += c.slots
+            logits_rows += range(cu[-1] + q - c.num_logits, cu[-1] + q)
+            cu.append(cu[-1] + q)
+        if len(slots) != len(ids):
+            raise ValueError("each new token needs exactly one KV slot")
+        max_blocks = max(len(c.block_table) for c in chunks)
+        tables = [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks]
+
+        def t(x: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=device)
+
+        return cls(
+            input_ids=t(ids),
+            positions=t(positions),
+            slot_mapping=t(slots),
+            cu_query_lens=t(cu),
+            context_lens=t(context_lens),
+            block_tables=t(tables),
+            logits_indices=t(logits_rows),
+            extra_mask=_stack_masks(chunks, max(query_lens), device),
+            query_lens=query_lens,
+            context_lens_host=context_lens,
+            block_size=block_size,
+        )
+
+
+def _stack_masks(
+    chunks: Sequence[SeqChunk], max_q: int, device: torch.device | str
+) -> torch.Tensor | None:
+    """[S, max_q, max_q] extra masks (causal lower triangle where a sequence has none)."""
+    if all(c.extra_mask is None for c in chunks):
+        return None
+    out = torch.tril(torch.ones(len(chunks), max_q, max_q, dtype=torch.bool))
+    for s, c in enumerate(chunks):
+        if c.extra_mask is not None:
+            q = len(c.token_ids)
+            if tuple(c.extra_mask.shape) != (q, q):
+                raise ValueError(f"extra_mask must be [{q}, {q}], got {tuple(c.extra_mask.shape)}")
+            out[s, :q, :q] = c.extra_mask.to(torch.bool).cpu()
+    return out.to(device)

@@ -1,0 +1,105 @@
+"""Scheduler: which requests run in the next forward and how many new tokens each brings."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from verispec.engine.request import Request, Status
+from verispec.kv import CacheExhaustedError
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: the token range it computes and where its KV goes."""
+
+    request: Request
+    start: int
+    """Position of the first new token (= tokens already in the KV cache)."""
+    token_ids: list[int]
+    slots: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the request's tokens, so a token is sampled."""
+        return self.start + len(self.token_ids) == self.request.num_tokens
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill: running requests first, then admit waiting ones
+    while the token budget, max_num_seqs and free KV blocks allow. When the cache runs out,
+    the newest running request is preempted (its blocks freed, recomputed later), never dropped."""
+
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledRequest]:
+        """Pick this step's work; every scheduled request has its KV slots reserved."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        for request in list(self.running):
+            if budget == 0 or request not in self.running:  # preempted meanwhile
+                continue
+            item = self._reserve(request, budget, scheduled)
+            if item is not None:
+                scheduled.append(item)
+                budget -= len(item.token_ids)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            item = self._try_reserve(request, budget)
+            if item is None:
+                break
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            scheduled.append(item)
+            budget -= len(item.token_ids)
+        return scheduled
+
+    def finish(self, request: Request) -> None:
+        """Release a finished request's KV blocks."""
+        request.block_table.free()
+        if request in self.running:
+            self.running.remove(request)
+
+    def _try_reserve(self, request: Request, budget: int) -> ScheduledRequest | None:
+        num_new = min(budget, request.num_tokens - request.num_computed_tokens)
+        try:
+            slots = request.block_table.append_slots(num_new)
+        except CacheExhaustedError:
+            return None
+        start = request.num_computed_tokens
+        return ScheduledRequest(
+            request, start, request.all_token_ids[start : start + num_new], slots
+        )
+
+    def _reserve(
+        self, request: Request, budget: int, scheduled: list[ScheduledRequest]
+    ) -> ScheduledRequest | None:
+        """Reserve slots for a running request, preempting the newest others until it fits."""
+        while True:
+            item = self._try_reserve(request, budget)
+            if item is not None:
+                return item
+            victim = self.running[-1]
+            self._preempt(victim, scheduled)
+            if victim is request:
+                return None
+
+    def _preempt(self, victim: Request, scheduled: list[ScheduledRequest]) -> None:
+        """Free a request's blocks and requeue it at the front (it will be recomputed)."""
+        scheduled[:] = [s for s in scheduled if s.request is not victim]
+        self.running.remove(victim)
+        victim.block_table.free()
+        victim.num_computed_tokens = 0
+        victim.status = Status.WAITING
+        self.waiting.appendleft(victim)

@@ -1,0 +1,45 @@
+"""KVCache: the key and value tensors, addressed by flat slot (block * block_size + offset)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Paged key/value storage for every layer of one model; bookkeeping lives in BlockTable."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(
+            shape, dtype=dtype, device=device
+        )  # [layers, slots, kv_heads, head_dim]
+        self.v = torch.zeros(
+            shape, dtype=dtype, device=device
+        )  # [layers, slots, kv_heads, head_dim]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, head_dim] of the new tokens at slots [T]."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at slots [...] -> [..., kv_heads, head_dim] each."""
+        return self.k[layer][slots], self.v[layer][slots]
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes one token's keys and values take across all layers."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()

@@ -1,0 +1,91 @@
+"""Paged attention over a ragged batch: gather each sequence's keys from its blocks, mask, SDPA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from verispec.batch import ForwardBatch
+
+
+@dataclass(slots=True)
+class AttentionLayout:
+    """Gather indices and masks shared by every layer of one forward (built once per forward)."""
+
+    q_rows: torch.Tensor | None  # [S, max_q] flat row of each query slot; None when S == 1
+    q_valid: torch.Tensor | None  # [S, max_q] bool, False on padding; None when S == 1
+    kv_slots: torch.Tensor  # [S, max_ctx] KV slot of each key position
+    masks: dict[
+        int | None, torch.Tensor | None
+    ]  # window -> [S, 1, max_q, max_ctx] bool (True = attend)
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, windows: set[int | None]) -> AttentionLayout:
+        """Index maps from the batch's block tables, and one mask per distinct sliding window."""
+        device = batch.input_ids.device
+        num_seqs, max_q, max_ctx = (
+            batch.num_seqs,
+            max(batch.query_lens),
+            max(batch.context_lens_host),
+        )
+        key = torch.arange(max_ctx, device=device)  # [C]
+        bs = batch.block_size
+        kv_slots = batch.block_tables[:, key // bs] * bs + key % bs  # [S, C]
+        q_rows = q_valid = None
+        if num_seqs > 1:
+            offs = torch.arange(max_q, device=device)[None, :]  # [1, Q]
+            q_lens = batch.cu_query_lens[1:] - batch.cu_query_lens[:-1]  # [S]
+            q_valid = offs < q_lens[:, None]
+            q_rows = torch.where(q_valid, batch.cu_query_lens[:-1, None] + offs, 0)
+        masks = {w: _mask(batch, w, max_q, max_ctx) for w in windows}
+        return cls(q_rows=q_rows, q_valid=q_valid, kv_slots=kv_slots, masks=masks)
+
+
+def _mask(batch: ForwardBatch, window: int | None, max_q: int, max_ctx: int) -> torch.Tensor | None:
+    """Which keys each query sees: causal in cache order, the extra (tree) mask among new tokens,
+    the sliding window; None when every query may see every key (a lone decode token)."""
+    binding_window = window is not None and max_ctx > window
+    if batch.num_seqs == 1 and max_q == 1 and batch.extra_mask is None and not binding_window:
+        return None
+    device = batch.input_ids.device
+    ctx = batch.context_lens[:, None, None]  # [S, 1, 1]
+    q_lens = (batch.cu_query_lens[1:] - batch.cu_query_lens[:-1])[:, None, None]  # [S, 1, 1]
+    i = torch.arange(max_q, device=device)[None, :, None]  # [1, Q, 1]
+    j = torch.arange(max_ctx, device=device)[None, None, :]  # [1, 1, C]
+    first_new = ctx - q_lens  # key index of the first new token
+    own = first_new + i  # key index of query i itself
+    visible = j <= own  # [S, Q, C]
+    if batch.extra_mask is not None:
+        rel = (j - first_new).expand(-1, max_q, -1)  # [S, Q, C]
+        among_new = batch.extra_mask.gather(2, rel.clamp(0, max_q - 1))
+        visible &= (rel < 0) | among_new
+    if binding_window:
+        visible &= (own - j) < window
+    # Padding queries see key 0 only, so softmax stays finite; their rows are dropped.
+    visible = torch.where(i < q_lens, visible, j == 0)
+    return visible[:, None]  # [S, 1, Q, C]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    layout: AttentionLayout,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """q [T, H, D], keys/values [S, C, KVH, D] -> [T, H * D]."""
+    num_tokens, num_heads, head_dim = q.shape
+    qs = q.unsqueeze(0) if layout.q_rows is None else q[layout.q_rows]  # [S, Q, H, D]
+    out = F.scaled_dot_product_attention(
+        qs.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=layout.masks[window],
+        scale=scale,
+        enable_gqa=num_heads != keys.shape[2],
+    ).transpose(1, 2)  # [S, Q, H, D]
+    out = out[0] if layout.q_valid is None else out[layout.q_valid]  # [T, H, D]
+    return out.reshape(num_tokens, num_heads * head_dim)

@@ -1,0 +1,130 @@
+"""LlamaModel: a native decoder for the Llama family (Llama 1-3, Mistral, Qwen2/2.5, Qwen3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verispec.batch import ForwardBatch
+from verispec.kv.cache import KVCache
+from verispec.models.attention import AttentionLayout, paged_attention
+from verispec.models.config import ModelConfig
+from verispec.models.linear import Linear
+from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32 then back to x's dtype, as transformers computes it."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass(slots=True)
+class DecoderLayer:
+    """Weights of one decoder layer; q/k/v and gate/up are fused into one product each."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv: Linear  # hidden -> (heads + 2 * kv_heads) * head_dim
+    q_norm: torch.Tensor | None  # [head_dim], Qwen3 only
+    k_norm: torch.Tensor | None  # [head_dim], Qwen3 only
+    o: Linear  # heads * head_dim -> hidden
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear  # intermediate -> hidden
+    window: int | None  # sliding attention window, None = full
+
+
+class LlamaModel:
+    """Forward over a ragged batch with a paged KV cache; returns logits of the requested rows."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: torch.Tensor,
+        layers: list[DecoderLayer],
+        final_norm: torch.Tensor,
+        lm_head: Linear,
+    ) -> None:
+        self.config = config
+        self.embed = embed  # [vocab, hidden]
+        self.layers = layers
+        self.final_norm = final_norm  # [hidden]
+        self.lm_head = lm_head
+        self.dtype = embed.dtype
+        self.device = embed.device
+        self.inv_freq = inverse_frequencies(
+            config.head_dim, config.rope_theta, config.rope_scaling
+        ).to(self.device)
+        self.scale = config.head_dim**-0.5
+        self.windows = {layer.window for layer in layers}
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""
+        c = self.config
+        return KVCache(
+            c.num_layers,
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Write the new tokens' keys/values into kv and return logits [L, vocab] float32
+        for the rows in batch.logits_indices."""
+        hidden = self.hidden_states(batch, kv)  # [T, hidden]
+        return self.logits(hidden[batch.logits_indices])
+
+    def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] of every new token."""
+        layout = AttentionLayout.build(batch, self.windows)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim] each
+        x = self.embed[batch.input_ids]  # [T, hidden]
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(
+                i, layer, rms_norm(x, layer.input_norm, self._eps), batch, kv, layout, cos, sin
+            )
+            h = layer.gate_up(rms_norm(x, layer.post_norm, self._eps))  # [T, 2 * inter]
+            gate, up = h.chunk(2, dim=-1)
+            x = x + layer.down(torch.nn.functional.silu(gate) * up)
+        return rms_norm(x, self.final_norm, self._eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [L, hidden] -> logits [L, vocab] float32."""
+        return self.lm_head(hidden).float()
+
+    @property
+    def _eps(self) -> float:
+        return self.config.rms_norm_eps
+
+    def _attention(
+        self,
+        index: int,
+        layer: DecoderLayer,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVCache,
+        layout: AttentionLayout,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """Self-attention of one layer for x [T, hidden] -> [T, hidden]."""
+        c = self.config
+        num_tokens = x.shape[0]
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = layer.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(num_tokens, c.num_heads, c.head_dim)  # [T, H, D]
+        k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)  # [T, KVH, D]
+        v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)  # [T, KVH, D]
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, self._eps), rms_norm(k, layer.k_norm, self._eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kv.write(index, batch.slot_mapping, k, v)
+        keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
+        out = paged_attention(q, keys, values, layout, layer.window, self.scale)
+        return layer.o(out)

@@ -1,0 +1,50 @@
+"""RequestOutput and RequestMetrics: what generate() returns for one prompt."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timings of one request; TTFT is kept apart from inter-token latency on purpose."""
+
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    ttft_s: float | None = None
+    """Arrival to first output token (queueing + prefill + first sample)."""
+    itl_s: list[float] = field(default_factory=list)
+    """Gap before each later output token (tokens emitted in one step share a step's time)."""
+    e2e_s: float | None = None
+    """Arrival to finish."""
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens over end-to-end time."""
+        if not self.e2e_s or not self.num_output_tokens:
+            return None
+        return self.num_output_tokens / self.e2e_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output, tokens_per_s included."""
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The result of one prompt, in vLLM's shape (one completion per request)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

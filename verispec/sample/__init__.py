@@ -1,0 +1,6 @@
+"""Logits warping and sampling: raw logits -> warped distribution p -> token ids."""
+
+from verispec.sample.logits import SamplingTensors, apply_penalties, warp
+from verispec.sample.sampler import sample
+
+__all__ = ["SamplingTensors", "apply_penalties", "sample", "warp"]

@@ -1,0 +1,1 @@
+"""Training: tokenizers and models the project makes itself."""
