@@ -1,0 +1,106 @@
+"""Shared fixtures: tiny random checkpoints of each supported family, made locally."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
+
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n",
+]
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A 320-token byte-level BPE with <s>=0, </s>=1, <pad>=2 (trained once per session)."""
+    return train_bpe_tokenizer(CORPUS, vocab_size=320)
+
+
+def family_config(family: str, vocab_size: int, **overrides: Any) -> Any:
+    """A tiny config of one family: 2 layers, GQA (4 heads, 2 KV heads), head_dim 16."""
+    base: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    if family == "llama":
+        cls = LlamaConfig
+    elif family == "llama3":
+        cls = LlamaConfig
+        base["rope_parameters"] = {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+        }  # fmt: skip
+        base["tie_word_embeddings"] = True
+    elif family == "mistral":
+        cls = MistralConfig
+        base["sliding_window"] = 24
+    elif family == "qwen2":
+        cls = Qwen2Config
+        base["tie_word_embeddings"] = True
+    elif family == "qwen3":
+        cls = Qwen3Config
+        base["head_dim"] = 16
+    else:
+        raise ValueError(family)
+    base.update(overrides)
+    return cls(**base)
+
+
+def make_checkpoint(
+    path: Path, family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: Any
+) -> PreTrainedModel:
+    """Save a random tiny model of `family` with `tokenizer` to path; return the HF model (eval)."""
+    config = family_config(family, len(tokenizer), **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if family == "qwen2":  # random biases so the bias path is really exercised
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
+                    proj.bias.normal_(0, 0.5)
+    model.save_pretrained(str(path))
+    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(path))
+    save_tokenizer(tokenizer, path)
+    return model
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family_checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer
+) -> tuple[Path, PreTrainedModel]:
+    """(checkpoint dir, transformers model) for each supported family."""
+    path = tmp_path_factory.mktemp(request.param)
+    return path, make_checkpoint(path, request.param, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
+    """One tiny Llama checkpoint shared by engine and API tests."""
+    path = tmp_path_factory.mktemp("llama")
+    make_checkpoint(path, "llama", tokenizer)
+    return path
