@@ -30,7 +30,10 @@ class SeqChunk:
 
 @dataclass(slots=True)
 class ForwardBatch:
-    """Several sequences in one forward; sequence s owns rows cu_query_lens[s]:cu_query_lens[s+1]."""
+    """Several sequences in one forward.
+
+    Sequence s owns the flat rows from cu_query_lens[s] up to cu_query_lens[s + 1].
+    """
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64, rotary positions
@@ -69,13 +72,12 @@ class ForwardBatch:
         logits_rows: list[int] = []
         cu = [0]
         for c, q in zip(chunks, query_lens, strict=True):
+            _check_chunk(c, q)
             ids += c.token_ids
             positions += c.positions or range(c.start_position, c.start_position + q)
             slots += c.slots
             logits_rows += range(cu[-1] + q - c.num_logits, cu[-1] + q)
             cu.append(cu[-1] + q)
-        if len(slots) != len(ids):
-            raise ValueError("each new token needs exactly one KV slot")
         max_blocks = max(len(c.block_table) for c in chunks)
         tables = [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks]
 
@@ -95,6 +97,18 @@ class ForwardBatch:
             context_lens_host=context_lens,
             block_size=block_size,
         )
+
+
+def _check_chunk(c: SeqChunk, q: int) -> None:
+    """Per-sequence lengths must agree, or rows would silently shift into a neighbour's."""
+    if len(c.slots) != q:
+        raise ValueError(
+            f"each new token needs exactly one KV slot: {q} tokens, {len(c.slots)} slots"
+        )
+    if not 0 <= c.num_logits <= q:
+        raise ValueError(f"num_logits must be in [0, {q}] (the new tokens), got {c.num_logits}")
+    if c.positions is not None and len(c.positions) != q:
+        raise ValueError(f"positions must give one per new token ({q}), got {len(c.positions)}")
 
 
 def _stack_masks(

@@ -62,10 +62,30 @@ def _mask(batch: ForwardBatch, window: int | None, max_q: int, max_ctx: int) -> 
         among_new = batch.extra_mask.gather(2, rel.clamp(0, max_q - 1))
         visible &= (rel < 0) | among_new
     if binding_window:
-        visible &= (own - j) < window
+        q_pos, k_pos = _rotary_positions(batch, max_q, max_ctx)
+        visible &= (q_pos - k_pos) < window
     # Padding queries see key 0 only, so softmax stays finite; their rows are dropped.
     visible = torch.where(i < q_lens, visible, j == 0)
     return visible[:, None]  # [S, 1, Q, C]
+
+
+def _rotary_positions(
+    batch: ForwardBatch, max_q: int, max_ctx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary positions of queries [S, Q, 1] and keys [S, 1, C], which the sliding window
+    measures: a cached key's is its index; a new token's is its own (tree siblings share one,
+    so its cache index can run ahead of it). Padding rows and keys get clamped, unused values."""
+    device = batch.input_ids.device
+    last_row = batch.num_tokens - 1
+    q_lens = batch.cu_query_lens[1:] - batch.cu_query_lens[:-1]  # [S]
+    first_new = (batch.context_lens - q_lens)[:, None]  # [S, 1] key index of first new token
+    starts = batch.cu_query_lens[:-1, None]  # [S, 1] flat row of first new token
+    i = torch.arange(max_q, device=device)[None, :]  # [1, Q]
+    j = torch.arange(max_ctx, device=device)[None, :]  # [1, C]
+    q_pos = batch.positions[(starts + i).clamp(max=last_row)]  # [S, Q]
+    new_key_pos = batch.positions[(starts + j - first_new).clamp(0, last_row)]  # [S, C]
+    k_pos = torch.where(j < first_new, j, new_key_pos)  # [S, C]
+    return q_pos[:, :, None], k_pos[:, None, :]
 
 
 def paged_attention(

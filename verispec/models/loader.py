@@ -38,7 +38,8 @@ def resolve_model_path(model: str | Path) -> Path:
     except Exception as e:
         raise ValueError(
             f"model {text!r} is not a local directory and could not be fetched from the "
-            f"Hugging Face hub ({type(e).__name__}: {e}). Pass a checkpoint directory, or go online."
+            f"Hugging Face hub ({type(e).__name__}: {e}). "
+            "Pass a checkpoint directory, or go online."
         ) from e
 
 
