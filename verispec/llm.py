@@ -60,8 +60,14 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts; "
                     "pass one, or one per prompt"
                 )
-        pairs = zip(prompt_list, params_list, strict=True)
-        requests = [self.engine.add_request(p, sp) for p, sp in pairs]
+        requests = []
+        try:
+            for prompt, params in zip(prompt_list, params_list, strict=True):
+                requests.append(self.engine.add_request(prompt, params))
+        except Exception:
+            for r in requests:  # queue all of the batch or none of it
+                self.engine.abort_request(r)
+            raise
         with tqdm(total=len(requests), desc="generating", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():
                 for r in self.engine.step():
@@ -73,7 +79,13 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """Normalise one prompt or a list of them; a flat list of ints is one prompt of token ids."""
     if isinstance(prompts, str):
         return [prompts]
-    prompts = list(prompts)
+    try:
+        prompts = list(prompts)
+    except TypeError:
+        raise ValueError(
+            "prompts must be a string, a list of token ids, or a list of those; "
+            f"got {type(prompts).__name__}"
+        ) from None
     if prompts and all(isinstance(p, int) for p in prompts):
         return [prompts]
     if not prompts:

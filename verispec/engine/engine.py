@@ -105,6 +105,10 @@ class Engine:
                 self.scheduler.finish(request)
         return sampling
 
+    def abort_request(self, request: Request) -> None:
+        """Stop a request before it finishes; it keeps the tokens it has, and frees its blocks."""
+        self.scheduler.abort(request)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -112,7 +116,9 @@ class Engine:
         return request.output(self.tokenizer.decode)
 
     def _check_prompt(self, ids: list[int]) -> None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
             raise ValueError("a prompt must be a string or a list of integer token ids")
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")

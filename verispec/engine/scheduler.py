@@ -71,6 +71,13 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
 
+    def abort(self, request: Request) -> None:
+        """Drop an unfinished request wherever it is queued and release its KV blocks."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self.finish(request)
+        request.status = Status.FINISHED
+
     def _try_reserve(self, request: Request, budget: int) -> ScheduledRequest | None:
         num_new = min(budget, request.num_tokens - request.num_computed_tokens)
         try:

@@ -112,6 +112,8 @@ def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if rope_type == "default":
         return theta, None
     params["rope_type"] = rope_type
+    params.pop("type", None)  # the 4.x spelling of rope_type
+    params.pop("rope_theta", None)  # 5.x nests it here; it lives in ModelConfig.rope_theta
     return theta, params
 
 

@@ -1,0 +1,37 @@
+"""Checkpoints for the model tests whose decoder layers dominate their outputs."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+LAYER_WEIGHT_SCALE = 8.0
+
+
+@pytest.fixture(scope="session")
+def sharp_checkpoint(
+    family_checkpoint: tuple[Path, PreTrainedModel], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, PreTrainedModel]:
+    """family_checkpoint with its layers' matrices scaled up, saved beside its tokenizer.
+
+    Why: at the default init (std 0.02) the layers barely touch the residual stream, so a
+    tied-embedding model's logits mostly echo the last token and greedy decoding repeats one
+    token; comparisons against such a model would miss most attention and MLP bugs.
+    """
+    path, hf_model = family_checkpoint
+    model = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for weight in model.model.layers.parameters():
+            if weight.dim() == 2:
+                weight.mul_(LAYER_WEIGHT_SCALE)
+    out = tmp_path_factory.mktemp(f"{path.name}-sharp")
+    model.save_pretrained(str(out))
+    for f in path.iterdir():
+        if not (out / f.name).exists():
+            shutil.copy(f, out)
+    return out, model

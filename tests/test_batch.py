@@ -1,0 +1,139 @@
+"""ForwardBatch: a ragged batch gives each sequence the logits it would get alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from verispec.batch import ForwardBatch, SeqChunk
+from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.llama import LlamaModel
+from verispec.models.loader import load_model
+
+BLOCK_SIZE = 4
+
+
+class Sequence:
+    """One sequence's block table in a shared allocator; chunk() reserves its next slots."""
+
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.table = BlockTable(allocator, BLOCK_SIZE)
+
+    def chunk(self, ids: list[int], num_logits: int = 1, **options) -> SeqChunk:
+        start = self.table.num_tokens
+        slots = self.table.append_slots(len(ids))
+        return SeqChunk(ids, start, slots, list(self.table.blocks), num_logits, **options)
+
+
+class Runner:
+    """A model with its own KV cache and block allocator."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.kv = model.new_kv_cache(64, BLOCK_SIZE)
+        self.allocator = BlockAllocator(64)
+
+    def sequence(self) -> Sequence:
+        return Sequence(self.allocator)
+
+    def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        return self.model.forward(ForwardBatch.build(chunks, BLOCK_SIZE), self.kv)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(params=["torch", "blas"])
+def model(request: pytest.FixtureRequest, family_checkpoint: tuple[Path, object]) -> LlamaModel:
+    return load_model(family_checkpoint[0], torch.float32, torch.device("cpu"), request.param)
+
+
+def test_ragged_batch_matches_each_sequence_alone(model) -> None:
+    """A 30-token prefill (past mistral's window), a 9-token prefill and a 1-token decode
+    after 15 cached tokens, in one forward."""
+    long, short, context, step = ids(30, 1), ids(9, 2), ids(15, 3), ids(1, 4)
+    alone = []
+    for prompt, num_logits in ((long, 3), (short, 9)):
+        runner = Runner(model)
+        alone.append(runner.forward([runner.sequence().chunk(prompt, num_logits)]))
+    runner = Runner(model)
+    seq = runner.sequence()
+    runner.forward([seq.chunk(context)])
+    alone.append(runner.forward([seq.chunk(step)]))
+
+    runner = Runner(model)
+    a, b, c = runner.sequence(), runner.sequence(), runner.sequence()
+    runner.forward([c.chunk(context)])
+    batched = runner.forward([a.chunk(long, 3), b.chunk(short, 9), c.chunk(step)])
+    assert batched.shape == (3 + 9 + 1, alone[0].shape[1])
+    assert_close(batched, torch.cat(alone), atol=1e-5, rtol=0)
+
+
+def test_tree_sequence_beside_a_causal_one(model) -> None:
+    """One sequence's extra mask must not leak into another's: the causal one keeps causality."""
+    prefix, tree, other = ids(26, 5), ids(3, 6), ids(6, 7)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # 1 and 2 siblings
+    p = len(prefix)
+
+    def run(with_other: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        runner = Runner(model)
+        seq, rest = runner.sequence(), runner.sequence()
+        runner.forward([seq.chunk(prefix)])
+        chunks = [seq.chunk(tree, 3, extra_mask=mask, positions=[p, p + 1, p + 1])]
+        if with_other:
+            chunks.append(rest.chunk(other, 6))
+        out = runner.forward(chunks)
+        return out[:3], (out[3:] if with_other else None)
+
+    tree_alone, _ = run(with_other=False)
+    tree_batched, other_batched = run(with_other=True)
+    runner = Runner(model)
+    other_alone = runner.forward([runner.sequence().chunk(other, 6)])
+    assert_close(tree_batched, tree_alone, atol=1e-5, rtol=0)
+    assert_close(other_batched, other_alone, atol=1e-5, rtol=0)
+
+
+def chunk(n: int, **options) -> SeqChunk:
+    return SeqChunk(list(range(3, 3 + n)), 0, list(range(n)), [0, 1], **options)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        ([], "at least one sequence"),
+        ([SeqChunk([], 0, [], [0])], "at least one new token"),
+        ([SeqChunk([3, 4], 0, [0], [0])], "one KV slot"),
+        ([SeqChunk([3, 4], 0, [0, 1, 2], [0]), SeqChunk([5, 6], 0, [4], [1])], "one KV slot"),
+        ([chunk(3, extra_mask=torch.ones(2, 2, dtype=torch.bool))], r"extra_mask must be \[3, 3\]"),
+        ([chunk(3, num_logits=4)], "num_logits"),
+        ([chunk(3, num_logits=-1)], "num_logits"),
+        ([chunk(3, positions=[0, 1])], "positions"),
+    ],
+)
+def test_build_rejects_malformed_chunks(chunks: list[SeqChunk], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ForwardBatch.build(chunks, BLOCK_SIZE)
+
+
+def test_build_flattens_offsets_and_logit_rows() -> None:
+    """Worked example: 3 prefill tokens wanting 2 logits, then a 1-token decode at position 7."""
+    batch = ForwardBatch.build(
+        [
+            SeqChunk([10, 11, 12], 0, [0, 1, 2], [0], num_logits=2),
+            SeqChunk([13], 7, [11], [1, 2]),
+        ],
+        BLOCK_SIZE,
+    )
+    assert batch.input_ids.tolist() == [10, 11, 12, 13]
+    assert batch.positions.tolist() == [0, 1, 2, 7]
+    assert batch.slot_mapping.tolist() == [0, 1, 2, 11]
+    assert batch.cu_query_lens.tolist() == [0, 3, 4]
+    assert batch.context_lens.tolist() == [3, 8]
+    assert batch.block_tables.tolist() == [[0, 0], [1, 2]]
+    assert batch.logits_indices.tolist() == [1, 2, 3]
+    assert batch.extra_mask is None
+    assert (batch.num_seqs, batch.num_tokens) == (2, 4)
