@@ -47,7 +47,7 @@ def ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(params=["torch", "blas"])
+@pytest.fixture(params=["torch", "onednn"])
 def model(request: pytest.FixtureRequest, family_checkpoint: tuple[Path, object]) -> LlamaModel:
     return load_model(family_checkpoint[0], torch.float32, torch.device("cpu"), request.param)
 

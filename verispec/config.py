@@ -44,7 +44,7 @@ class EngineConfig:
     seed: int = 0
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"
-    """Kernel for linear layers: auto, torch, or blas (numpy's OpenBLAS, fp32 CPU only)."""
+    """Kernel for linear layers: auto, torch, or onednn (prepacked; float32 on CPU only)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
-BACKENDS = ("torch", "blas")
+BACKENDS = ("torch", "onednn")
 
 
 @functools.cache

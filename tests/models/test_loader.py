@@ -69,16 +69,16 @@ def test_dtype_resolution() -> None:
     assert resolve_dtype(torch.float16, CPU) == torch.float16
 
 
-def test_blas_backend_needs_float32(llama_checkpoint) -> None:
-    with pytest.raises(ValueError, match="blas"):
-        load_model(llama_checkpoint, torch.float16, CPU, "blas")
+def test_onednn_backend_needs_float32(llama_checkpoint) -> None:
+    with pytest.raises(ValueError, match="onednn linear backend needs float32"):
+        load_model(llama_checkpoint, torch.float16, CPU, "onednn")
 
 
 def test_backend_choice() -> None:
-    assert choose_backend("auto", CPU, torch.float32) == "blas"
+    assert choose_backend("auto", CPU, torch.float32) == "onednn"
     assert choose_backend("auto", CPU, torch.bfloat16) == "torch"
     assert choose_backend("torch", CPU, torch.float32) == "torch"
-    with pytest.raises(ValueError, match="auto, torch, blas"):
+    with pytest.raises(ValueError, match="auto, torch, onednn"):
         choose_backend("mkl", CPU, torch.float32)  # type: ignore[arg-type]
 
 

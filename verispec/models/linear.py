@@ -4,25 +4,37 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 import torch
 
-LinearBackend = Literal["auto", "torch", "blas"]
+LinearBackend = Literal["auto", "torch", "onednn"]
+BACKENDS = ("auto", "torch", "onednn")
+
+
+def onednn_available() -> bool:
+    """True when this torch build has oneDNN and its prepacked-linear operators."""
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
+    )
 
 
 def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dtype) -> str:
-    """Resolve "auto": numpy's OpenBLAS for fp32 on CPU, torch everywhere else.
+    """Resolve "auto": prepacked oneDNN for float32 on the CPU, torch's F.linear elsewhere.
 
-    Why: the MKL inside the CPU wheel of torch takes a slow path on AMD CPUs for products of
-    1-16 rows (the decode and verify shapes); OpenBLAS is 2-3x faster there (docs/performance.md).
+    Why: for products of 1-16 rows (decode and verify) the MKL behind F.linear takes a slow
+    path on AMD CPUs; oneDNN's prepacked inner product runs 1.3-4x faster there and shares
+    torch's thread pool (benchmarks/README.md).
     """
-    if backend not in ("auto", "torch", "blas"):
-        raise ValueError(f"linear backend must be one of auto, torch, blas; got {backend!r}")
-    blas_ok = device.type == "cpu" and dtype == torch.float32
-    if backend == "blas" and not blas_ok:
-        raise ValueError("the blas linear backend needs float32 weights on the CPU")
+    if backend not in BACKENDS:
+        raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    onednn_ok = device.type == "cpu" and dtype == torch.float32 and onednn_available()
+    if backend == "onednn" and not onednn_ok:
+        raise ValueError(
+            "the onednn linear backend needs float32 weights on the CPU and a torch build with "
+            "oneDNN; use linear_backend='torch' or 'auto'"
+        )
     if backend == "auto":
-        return "blas" if blas_ok else "torch"
+        return "onednn" if onednn_ok else "torch"
     return backend
 
 
@@ -33,16 +45,14 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.backend = backend
-        if backend == "blas":
-            # [in, out] row-major: the layout OpenBLAS reads fastest for few-row products.
-            self._wt = np.ascontiguousarray(weight.detach().numpy().T)
-            self.weight = None
+        if backend == "onednn":
+            # Reordered once into oneDNN's blocked layout; the original weight is not kept.
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         else:
             self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
-        if self.backend == "blas":
-            y = torch.from_numpy(np.matmul(x.contiguous().numpy(), self._wt))
-            return y if self.bias is None else y.add_(self.bias)
+        if self.backend == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return torch.nn.functional.linear(x, self.weight, self.bias)

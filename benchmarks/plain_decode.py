@@ -1,0 +1,249 @@
+"""Plain greedy decoding: verispec (BLAS and torch linears) against transformers' generate().
+
+All engines run interleaved in one process, on the same weights, prompt and threads; every
+engine's token ids are checked against transformers'. See benchmarks/README.md for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RANDOM_125M = "llama-125m"
+Run = tuple[list[int], float, float, list[float]]  # token ids, wall s, TTFT s, ITL gaps s
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=RANDOM_125M, help="llama-125m, embedded, or a directory")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None, help="write {settings, rows} here")
+    args = p.parse_args()
+    if min(args.prompt_len, args.repeats, args.threads) < 1 or args.new_tokens < 2:
+        p.error("--prompt-len, --repeats, --threads must be >= 1 and --new-tokens >= 2 (for ITL)")
+    return args
+
+
+def make_random_125m(path: Path) -> None:
+    """A random-weight Llama of ~125M parameters plus a BPE tokenizer trained on the stdlib."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
+
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    tok = train_bpe_tokenizer((s.read_text(errors="replace") for s in sources), vocab_size=8192)
+    config = LlamaConfig(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=12, vocab_size=32000, max_position_embeddings=2048,
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    LlamaForCausalLM(config).save_pretrained(str(tmp))
+    GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    ).save_pretrained(str(tmp))
+    save_tokenizer(tok, tmp)
+    tmp.rename(path)
+
+
+def resolve_model(name: str) -> Path:
+    if name == RANDOM_125M:
+        path = Path.home() / ".cache/verispec/bench/llama-125m-random"
+        if not (path / "config.json").is_file():
+            print(f"creating {path} (random weights, once) ...", file=sys.stderr)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            make_random_125m(path)
+        return path
+    if name == "embedded":
+        from verispec.models import default
+
+        embedded = getattr(default, "embedded_model_path", None)
+        if embedded is None:
+            sys.exit("--model embedded: verispec.models.default has no embedded_model_path() yet "
+                     "(issue 4); use --model llama-125m or a checkpoint directory")  # fmt: skip
+        return Path(embedded())
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        sys.exit(f"--model {name}: not llama-125m, embedded, or a directory with config.json")
+    return path
+
+
+def verispec_engine(path: Path, backend: str, max_len: int) -> Callable[[list[int], int], Run]:
+    from verispec import LLM, SamplingParams
+
+    llm = LLM(model=str(path), dtype="float32", device="cpu", max_model_len=max_len,
+              linear_backend=backend)  # fmt: skip
+
+    def run(prompt: list[int], n: int) -> Run:
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        t0 = time.perf_counter()
+        out = llm.generate([prompt], params)[0]
+        wall = time.perf_counter() - t0
+        return out.token_ids, wall, out.metrics.ttft_s or 0.0, list(out.metrics.itl_s)
+
+    return run
+
+
+def hf_engine(path: Path) -> tuple[Callable[[list[int], int], Run], int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+    class TimingStreamer(BaseStreamer):
+        """Records time.perf_counter() at each put(); generate() puts the prompt first."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value: Any) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    def run(prompt: list[int], n: int) -> Run:
+        ids = torch.tensor([prompt])
+        streamer = TimingStreamer()
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=n, min_new_tokens=n, streamer=streamer)  # fmt: skip
+            wall = time.perf_counter() - t0
+        times = streamer.times[1:]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        return out[0, len(prompt) :].tolist(), wall, times[0] - t0, gaps
+
+    return run, sum(p.numel() for p in model.parameters())
+
+
+def p90(xs: list[float]) -> float:
+    import numpy as np
+
+    return float(np.percentile(xs, 90))
+
+
+def summarise(runs: list[Run]) -> dict[str, float]:
+    med = statistics.median
+    decode = [(len(ids) - 1) / sum(itl) for ids, _, _, itl in runs]
+    return {
+        "decode_tok_s": med(decode),
+        "e2e_tok_s": med([len(ids) / wall for ids, wall, _, _ in runs]),
+        "ttft_med_ms": 1e3 * med([r[2] for r in runs]),
+        "ttft_p90_ms": 1e3 * p90([r[2] for r in runs]),
+        "itl_med_ms": 1e3 * med([med(r[3]) for r in runs]),
+        "itl_p90_ms": 1e3 * med([p90(r[3]) for r in runs]),
+    }
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when equal."""
+    if a == b:
+        return None
+    diffs = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    return next(diffs, min(len(a), len(b)))
+
+
+def cpu_model() -> str:
+    """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    if "model name" not in info:
+        return platform.processor() or "unknown"
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in info["flags"].split()]
+    return (f"{info['model name']} (family {info.get('cpu family')} model {info.get('model')}, "
+            f"{' '.join(isa)}; {os.cpu_count()} cpus)")  # fmt: skip
+
+
+def thread_env() -> str:
+    """Environment variables that change BLAS/OpenMP behaviour, as set for this run."""
+    prefixes = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_PRELOAD")
+    return " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(prefixes))
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    path = resolve_model(args.model)
+    hf, n_params = hf_engine(path)
+    engines = {
+        "transformers": hf,
+        "verispec (auto)": verispec_engine(path, "auto", args.prompt_len + args.new_tokens),
+        "verispec (torch)": verispec_engine(path, "torch", args.prompt_len + args.new_tokens),
+    }
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist()
+    for run in engines.values():  # warm-up: same prompt, a few tokens
+        run(prompt, min(args.new_tokens, 8))
+    runs: dict[str, list[Run]] = {name: [] for name in engines}
+    for rep in range(args.repeats):
+        for name, run in engines.items():
+            runs[name].append(run(prompt, args.new_tokens))
+        print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
+
+    reference = runs["transformers"][0][0]
+    rows = []
+    for name, rs in runs.items():
+        row: dict[str, Any] = {"engine": name, **summarise(rs)}
+        row["decode_vs_hf"] = row["decode_tok_s"] / summarise(runs["transformers"])["decode_tok_s"]
+        bad = [(i, first_mismatch(r[0], reference)) for i, r in enumerate(rs)]
+        row["mismatches"] = [{"repeat": i, "first_diff": d} for i, d in bad if d is not None]
+        for m in row["mismatches"]:
+            print(f"MISMATCH {name} repeat {m['repeat']}: differs from transformers at output "
+                  f"position {m['first_diff']}", file=sys.stderr)  # fmt: skip
+        row["runs"] = [{"wall_s": w, "ttft_s": t, "itl_s": itl} for _, w, t, itl in rs]
+        rows.append(row)
+
+    settings = {
+        "model": args.model, "path": str(path), "params": n_params, "dtype": "float32",
+        "method": "plain greedy decoding", "concurrency": 1, "threads": args.threads,
+        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu": cpu_model(),
+        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "env": thread_env(),
+    }  # fmt: skip
+    for key, value in settings.items():
+        print(f"{key:>13}: {value}")
+    print()
+    print("| engine | decode tok/s | e2e tok/s | TTFT med ms | TTFT p90 ms | ITL med ms "
+          "| ITL p90 ms | decode vs HF | greedy = HF |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        match = "yes" if not r["mismatches"] else f"NO ({len(r['mismatches'])} runs)"
+        print(f"| {r['engine']} | {r['decode_tok_s']:.1f} | {r['e2e_tok_s']:.1f} "
+              f"| {r['ttft_med_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['itl_med_ms']:.1f} "
+              f"| {r['itl_p90_ms']:.1f} | {r['decode_vs_hf']:.2f}x | {match} |")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
