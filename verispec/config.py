@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from verispec.models.linear import LinearBackend
+
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -45,7 +48,12 @@ class EngineConfig:
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"
     """Kernel for linear layers: auto, torch, or onednn (prepacked; float32 on CPU only)."""
+    batch_invariant: bool = False
+    """Compute every token row on its own so its logits never depend on its batch mates
+    (bit-exact greedy equality between speculative and plain decoding; slower)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
+    speculative: SpecConfig | None = None
+    """Speculative decoding; None = plain autoregressive decoding."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -58,3 +66,42 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}"
             )
+
+
+@dataclass(slots=True)
+class SpecConfig:
+    """Speculative decoding settings; key names follow vLLM's speculative_config."""
+
+    method: Literal["draft_model", "ngram"] = "draft_model"
+    """Where drafts come from (the registry in verispec/spec/registry.py lists them)."""
+    model: str | None = None
+    """Draft checkpoint directory or hub id (draft_model only)."""
+    num_speculative_tokens: int = 4
+    """k: draft tokens proposed per step (shrinks near the context and max_tokens limits)."""
+    prompt_lookup_min: int = 2
+    """Shortest suffix n-gram the ngram method looks up."""
+    prompt_lookup_max: int = 4
+    """Longest suffix n-gram the ngram method looks up (tried first)."""
+
+    def __post_init__(self) -> None:
+        from verispec.spec.registry import method_names
+
+        if self.method not in method_names():
+            raise ValueError(
+                f"speculative method must be one of {', '.join(method_names())}; "
+                f"got {self.method!r}"
+            )
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+                f"got {k!r}"
+            )
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(
+                "prompt_lookup_min and prompt_lookup_max must be integers with "
+                f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
+            )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method 'draft_model' needs model= (a draft checkpoint or hub id)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from verispec.metrics import SpecStats
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -20,6 +22,16 @@ class RequestMetrics:
     """Gap before each later output token (tokens emitted in one step share a step's time)."""
     e2e_s: float | None = None
     """Arrival to finish."""
+    spec: SpecStats = field(default_factory=SpecStats)
+    """Speculative decoding counters (all zero for plain decoding)."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.spec.acceptance_rate
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return self.spec.mean_acceptance_length
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -30,7 +42,8 @@ class RequestMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON output, tokens_per_s included."""
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+        plain = {k: v for k, v in asdict(self).items() if k != "spec"}
+        return {**plain, "tokens_per_s": self.tokens_per_s, **self.spec.to_dict()}
 
 
 @dataclass(slots=True)

@@ -10,12 +10,15 @@ import torch
 from verispec.config import EngineConfig
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import Scheduler
+from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.metrics import SpecStats
 from verispec.models.default import default_model_path
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
+from verispec.spec.proposer import Proposer, TargetInfo
+from verispec.spec.registry import make_proposer
 from verispec.tokenizer import Tokenizer
 
 
@@ -41,8 +44,9 @@ class Engine:
         self.model_path = resolve_model_path(config.model or default_model_path(progress))
         dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(
-            self.model_path, dtype, self.device, config.linear_backend, progress
-        )
+            self.model_path, dtype, self.device, config.linear_backend, progress,
+            batch_invariant=config.batch_invariant,
+        )  # fmt: skip
         self.tokenizer = Tokenizer(self.model_path)
         model_len = self.model.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
@@ -59,10 +63,25 @@ class Engine:
         self.runner = ModelRunner(
             self.model, self.model.new_kv_cache(num_blocks, block_size), generator
         )
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        spec = config.speculative
+        self.scheduler = Scheduler(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            spec.num_speculative_tokens if spec else 0,
+        )
         self.eos_token_ids = frozenset(
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
+        self.proposer: Proposer | None = None
+        if spec is not None:
+            target = TargetInfo(
+                tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
+                device=self.device, dtype=dtype, max_model_len=self.max_model_len,
+                num_blocks=num_blocks, generator=generator,
+            )  # fmt: skip
+            self.proposer = make_proposer(spec, config, target)
+        self.spec_stats = SpecStats()
+        """Acceptance counters summed over every request this engine has served."""
         self._ids = itertools.count()
 
     def add_request(
@@ -90,20 +109,52 @@ class Engine:
         return request
 
     def step(self) -> list[Request]:
-        """One forward for every scheduled request; returns the requests that got a token."""
+        """Schedule, draft, run one target forward, verify, update; returns the requests that
+        received tokens this step."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
-        logits = self.runner.execute(scheduled)  # [num sampling, vocab]
-        sampling = [s.request for s in scheduled if s.samples]
-        tokens = self.runner.sample(logits, sampling)
+        draft_probs = self._propose(scheduled)
+        logits = self.runner.execute(scheduled)  # [rows of sampling requests, vocab]
+        sampling = [s for s in scheduled if s.samples]
+        verdict = self.runner.verify(logits, sampling, draft_probs)
         for s in scheduled:
             s.request.num_computed_tokens += len(s.token_ids)
-        for request, token in zip(sampling, tokens, strict=True):
-            request.append_tokens([token], self.tokenizer.decode)
-            if request.finished:
-                self.scheduler.finish(request)
-        return sampling
+        for s, tokens, accepted in zip(
+            sampling, verdict.token_ids, verdict.num_accepted, strict=True
+        ):
+            self._update(s, tokens, accepted)
+        return [s.request for s in sampling]
+
+    def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
+        """Fill each decoding request's draft tokens; return the drafter's q rows (or None)."""
+        if self.proposer is None:
+            return None
+        for request in self.scheduler.preempted:
+            self.proposer.release(request)
+        self.scheduler.preempted.clear()
+        drafting = [s for s in scheduled if s.num_draft_slots > 0]
+        if not drafting:
+            return None
+        drafts = self.proposer.propose(
+            [s.request for s in drafting], [s.num_draft_slots for s in drafting]
+        )
+        for s, ids in zip(drafting, drafts.token_ids, strict=True):
+            s.draft_token_ids = ids
+        return drafts.probs
+
+    def _update(self, s: ScheduledRequest, tokens: list[int], accepted: int) -> None:
+        """Keep the accepted drafts' KV, drop the rest, append the emitted tokens, count."""
+        request = s.request
+        request.num_computed_tokens += accepted
+        request.block_table.truncate(request.num_computed_tokens)
+        request.spec_stats.record(len(s.draft_token_ids), accepted)
+        self.spec_stats.record(len(s.draft_token_ids), accepted)
+        request.append_tokens(tokens, self.tokenizer.decode)
+        if request.finished:
+            self.scheduler.finish(request)
+            if self.proposer is not None:
+                self.proposer.release(request)
 
     def abort_request(self, request: Request) -> None:
         """Stop a request before it finishes; it keeps the tokens it has, and frees its blocks."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import itertools
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.kv import BlockTable
+from verispec.metrics import SpecStats
 from verispec.outputs import FinishReason, RequestMetrics, RequestOutput
 from verispec.sampling_params import SamplingParams
 
@@ -43,6 +45,7 @@ class Request:
     text: str = ""
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
+    spec_stats: SpecStats = field(default_factory=SpecStats)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -117,4 +120,5 @@ class Request:
             ttft_s=times[0] - self.arrival_time if times else None,
             itl_s=[b - a for a, b in itertools.pairwise(times)],
             e2e_s=(self.finish_time - self.arrival_time) if self.finish_time else None,
+            spec=copy.deepcopy(self.spec_stats),
         )

@@ -1,15 +1,15 @@
-"""ModelRunner: turns a step's scheduled requests into one ragged forward and samples from it."""
+"""ModelRunner: turns a step's scheduled requests into one ragged forward and verifies it."""
 
 from __future__ import annotations
 
 import torch
 
 from verispec.batch import ForwardBatch, SeqChunk
-from verispec.engine.request import Request
 from verispec.engine.scheduler import ScheduledRequest
 from verispec.kv.cache import KVCache
 from verispec.models.llama import LlamaModel
-from verispec.sample import SamplingTensors, sample, warp
+from verispec.sample import SamplingTensors
+from verispec.sample.rejection import Verdict, verify
 
 
 class ModelRunner:
@@ -22,33 +22,44 @@ class ModelRunner:
         """Shared generator for requests without a seed of their own."""
 
     def execute(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
-        """One forward over every scheduled chunk; logits [num sampling requests, vocab]."""
-        chunks = [
-            SeqChunk(
-                token_ids=s.token_ids,
-                start_position=s.start,
-                slots=s.slots,
-                block_table=s.request.block_table.blocks,
-                num_logits=1 if s.samples else 0,
+        """One forward over every scheduled chunk and its drafts; logits [R, vocab] with
+        1 + len(drafts) rows per request that samples this step, in scheduled order."""
+        chunks = []
+        for s in scheduled:
+            tokens = s.token_ids + s.draft_token_ids
+            chunks.append(
+                SeqChunk(
+                    token_ids=tokens,
+                    start_position=s.start,
+                    slots=s.slots[: len(tokens)],
+                    block_table=s.request.block_table.blocks,
+                    num_logits=1 + len(s.draft_token_ids) if s.samples else 0,
+                )
             )
-            for s in scheduled
-        ]
         batch = ForwardBatch.build(chunks, self.kv.block_size, self.model.device)
         return self.model.forward(batch, self.kv)
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """Next token of each request from its logits row [vocab] (one host sync per step)."""
-        if not requests:
-            return []
-        if all(r.params.greedy and not r.params.needs_penalties for r in requests):
-            return logits.argmax(dim=-1).tolist()
-        t = SamplingTensors.build(
-            [r.params for r in requests],
-            [r.prompt_token_ids for r in requests],
-            [r.output_token_ids for r in requests],
-            vocab_size=logits.shape[-1],
-            device=logits.device,
+    def verify(
+        self,
+        logits: torch.Tensor,
+        sampling: list[ScheduledRequest],
+        draft_probs: torch.Tensor | None,
+    ) -> Verdict:
+        """Accepted drafts plus one recovered/bonus token per sampling request (with no drafts
+        that is plain sampling). Row j of a request is warped with its drafts[:j] as history."""
+        params, prompts, outputs = [], [], []
+        for s in sampling:
+            r = s.request
+            for j in range(len(s.draft_token_ids) + 1):
+                params.append(r.params)
+                prompts.append(r.prompt_token_ids)
+                outputs.append(r.output_token_ids + s.draft_token_ids[:j])
+        t = SamplingTensors.build(params, prompts, outputs, logits.shape[-1], logits.device)
+        return verify(
+            logits,
+            [s.draft_token_ids for s in sampling],
+            draft_probs,
+            t,
+            [s.request.generator for s in sampling],
+            self.generator,
         )
-        probs = warp(logits, t)  # [n, vocab]
-        tokens = sample(probs, [r.generator for r in requests], t.greedy, self.generator)
-        return tokens.tolist()

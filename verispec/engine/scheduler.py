@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verispec.engine.request import Request, Status
 from verispec.kv import CacheExhaustedError
@@ -18,6 +18,11 @@ class ScheduledRequest:
     """Position of the first new token (= tokens already in the KV cache)."""
     token_ids: list[int]
     slots: list[int]
+    """KV slots of token_ids, then of up to num_draft_slots draft tokens."""
+    num_draft_slots: int = 0
+    """Draft tokens this request may verify this step (k, shrunk near its limits)."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Filled by the drafter: at most num_draft_slots tokens after token_ids."""
 
     @property
     def samples(self) -> bool:
@@ -30,11 +35,16 @@ class Scheduler:
     while the token budget, max_num_seqs and free KV blocks allow. When the cache runs out,
     the newest running request is preempted (its blocks freed, recomputed later), never dropped."""
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0
+    ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.num_speculative_tokens = num_speculative_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.preempted: list[Request] = []
+        """Requests preempted since the engine last looked (their drafter state goes too)."""
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -52,7 +62,7 @@ class Scheduler:
             item = self._reserve(request, budget, scheduled)
             if item is not None:
                 scheduled.append(item)
-                budget -= len(item.token_ids)
+                budget -= len(item.slots)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             item = self._try_reserve(request, budget)
@@ -62,7 +72,7 @@ class Scheduler:
             request.status = Status.RUNNING
             self.running.append(request)
             scheduled.append(item)
-            budget -= len(item.token_ids)
+            budget -= len(item.slots)
         return scheduled
 
     def finish(self, request: Request) -> None:
@@ -79,15 +89,23 @@ class Scheduler:
         request.status = Status.FINISHED
 
     def _try_reserve(self, request: Request, budget: int) -> ScheduledRequest | None:
-        num_new = min(budget, request.num_tokens - request.num_computed_tokens)
+        remaining = request.num_tokens - request.num_computed_tokens
+        num_new = min(budget, remaining)
+        k = self._num_drafts(request, budget - 1) if remaining == 1 else 0
         try:
-            slots = request.block_table.append_slots(num_new)
+            slots = request.block_table.append_slots(num_new + k)
         except CacheExhaustedError:
             return None
         start = request.num_computed_tokens
-        return ScheduledRequest(
-            request, start, request.all_token_ids[start : start + num_new], slots
-        )
+        ids = request.all_token_ids[start : start + num_new]
+        return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """k for a decoding request, shrunk so drafts fit the token budget, the context limit
+        (the last draft's position stays below max_model_len) and max_tokens (k + 1 emitted)."""
+        left = request.params.max_tokens - len(request.output_token_ids)
+        limit = min(budget, request.max_model_len - request.num_tokens, left - 1)
+        return max(0, min(self.num_speculative_tokens, limit))
 
     def _reserve(
         self, request: Request, budget: int, scheduled: list[ScheduledRequest]
@@ -110,3 +128,4 @@ class Scheduler:
         victim.num_computed_tokens = 0
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
+        self.preempted.append(victim)

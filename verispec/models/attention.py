@@ -17,12 +17,16 @@ class AttentionLayout:
     q_rows: torch.Tensor | None  # [S, max_q] flat row of each query slot; None when S == 1
     q_valid: torch.Tensor | None  # [S, max_q] bool, False on padding; None when S == 1
     kv_slots: torch.Tensor  # [S, max_ctx] KV slot of each key position
-    masks: dict[
-        int | None, torch.Tensor | None
-    ]  # window -> [S, 1, max_q, max_ctx] bool (True = attend)
+    masks: dict[int | None, torch.Tensor | None]
+    """Per sliding window (None = full): [S, 1, max_q, max_ctx] bool, True = attend; None when
+    every query sees every key."""
+    row_keys: dict[int | None, list[tuple[int, slice | torch.Tensor]]] | None
+    """Batch-invariant mode only: per window, each flat row's (sequence, visible key indices)."""
 
     @classmethod
-    def build(cls, batch: ForwardBatch, windows: set[int | None]) -> AttentionLayout:
+    def build(
+        cls, batch: ForwardBatch, windows: set[int | None], row_wise: bool = False
+    ) -> AttentionLayout:
         """Index maps from the batch's block tables, and one mask per distinct sliding window."""
         device = batch.input_ids.device
         num_seqs, max_q, max_ctx = (
@@ -40,7 +44,8 @@ class AttentionLayout:
             q_valid = offs < q_lens[:, None]
             q_rows = torch.where(q_valid, batch.cu_query_lens[:-1, None] + offs, 0)
         masks = {w: _mask(batch, w, max_q, max_ctx) for w in windows}
-        return cls(q_rows=q_rows, q_valid=q_valid, kv_slots=kv_slots, masks=masks)
+        row_keys = {w: _row_keys(batch, w, masks[w]) for w in windows} if row_wise else None
+        return cls(q_rows, q_valid, kv_slots, masks, row_keys)
 
 
 def _mask(batch: ForwardBatch, window: int | None, max_q: int, max_ctx: int) -> torch.Tensor | None:
@@ -88,6 +93,23 @@ def _rotary_positions(
     return q_pos[:, :, None], k_pos[:, None, :]
 
 
+def _row_keys(
+    batch: ForwardBatch, window: int | None, mask: torch.Tensor | None
+) -> list[tuple[int, slice | torch.Tensor]]:
+    """For each flat row, its sequence and the keys it sees: a slice [lo, own + 1) in the
+    usual causal case, exactly as a lone decode step of that token would see them."""
+    rows: list[tuple[int, slice | torch.Tensor]] = []
+    for s, (q, ctx) in enumerate(zip(batch.query_lens, batch.context_lens_host, strict=True)):
+        for i in range(q):
+            own = ctx - q + i
+            if batch.extra_mask is not None and mask is not None:
+                rows.append((s, mask[s, 0, i].nonzero().flatten()))
+            else:
+                lo = max(0, own + 1 - window) if window is not None else 0
+                rows.append((s, slice(lo, own + 1)))
+    return rows
+
+
 def paged_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -98,6 +120,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], keys/values [S, C, KVH, D] -> [T, H * D]."""
     num_tokens, num_heads, head_dim = q.shape
+    if layout.row_keys is not None:
+        return _row_wise_attention(q, keys, values, layout.row_keys[window], scale)
     qs = q.unsqueeze(0) if layout.q_rows is None else q[layout.q_rows]  # [S, Q, H, D]
     out = F.scaled_dot_product_attention(
         qs.transpose(1, 2),
@@ -108,4 +132,22 @@ def paged_attention(
         enable_gqa=num_heads != keys.shape[2],
     ).transpose(1, 2)  # [S, Q, H, D]
     out = out[0] if layout.q_valid is None else out[layout.q_valid]  # [T, H, D]
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def _row_wise_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    rows: list[tuple[int, slice | torch.Tensor]],
+    scale: float,
+) -> torch.Tensor:
+    """Batch-invariant attention: one unmasked SDPA call per query row over its visible keys."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)  # [T, H, D]
+    for t, (s, sel) in enumerate(rows):
+        k, v = keys[s, sel].transpose(0, 1), values[s, sel].transpose(0, 1)  # [KVH, c, D]
+        out[t] = F.scaled_dot_product_attention(
+            q[t][:, None, :], k, v, scale=scale, enable_gqa=num_heads != k.shape[0]
+        )[:, 0, :]
     return out.reshape(num_tokens, num_heads * head_dim)

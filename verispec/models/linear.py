@@ -41,10 +41,19 @@ def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dt
 class Linear:
     """A frozen linear layer; weight [out, in] as stored by Hugging Face, bias [out] or None."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: str) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        backend: str,
+        row_wise: bool = False,
+    ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.backend = backend
+        self.row_wise = row_wise
+        """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
+        what a lone decode step computes (kernels may round an n-row product differently)."""
         if backend == "onednn":
             # Reordered once into oneDNN's blocked layout; the original weight is not kept.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
@@ -53,6 +62,11 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
+        if self.row_wise and x.shape[0] > 1:
+            return torch.cat([self._product(x[i : i + 1]) for i in range(x.shape[0])])
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return torch.nn.functional.linear(x, self.weight, self.bias)

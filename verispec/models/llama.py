@@ -46,6 +46,7 @@ class LlamaModel:
         layers: list[DecoderLayer],
         final_norm: torch.Tensor,
         lm_head: Linear,
+        batch_invariant: bool = False,
     ) -> None:
         self.config = config
         self.embed = embed  # [vocab, hidden]
@@ -59,6 +60,8 @@ class LlamaModel:
         ).to(self.device)
         self.scale = config.head_dim**-0.5
         self.windows = {layer.window for layer in layers}
+        self.batch_invariant = batch_invariant
+        """Attention row by row over exactly its visible keys (see Linear.row_wise)."""
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""
@@ -82,7 +85,7 @@ class LlamaModel:
 
     def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of every new token."""
-        layout = AttentionLayout.build(batch, self.windows)
+        layout = AttentionLayout.build(batch, self.windows, self.batch_invariant)
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim] each
         x = self.embed[batch.input_ids]  # [T, hidden]
         for i, layer in enumerate(self.layers):

@@ -62,11 +62,15 @@ def load_model(
     device: torch.device,
     linear_backend: LinearBackend = "auto",
     progress: bool = False,
+    batch_invariant: bool = False,
 ) -> LlamaModel:
     """Build a LlamaModel from a checkpoint directory's config.json and safetensors files."""
     config = ModelConfig.from_file(path / "config.json")
     backend = choose_backend(linear_backend, device, dtype)
     weights = _read_safetensors(path, dtype, device, progress)
+
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        return Linear(weight, bias, backend, row_wise=batch_invariant)
 
     def take(name: str) -> torch.Tensor:
         try:
@@ -87,15 +91,13 @@ def load_model(
         layers.append(
             DecoderLayer(
                 input_norm=take(f"{p}input_layernorm.weight"),
-                qkv=Linear(qkv_w, qkv_b, backend),
+                qkv=linear(qkv_w, qkv_b),
                 q_norm=maybe(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
                 k_norm=maybe(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
-                o=Linear(
-                    take(f"{p}self_attn.o_proj.weight"), maybe(f"{p}self_attn.o_proj.bias"), backend
-                ),
+                o=linear(take(f"{p}self_attn.o_proj.weight"), maybe(f"{p}self_attn.o_proj.bias")),
                 post_norm=take(f"{p}post_attention_layernorm.weight"),
-                gate_up=Linear(gate_up, None, backend),
-                down=Linear(take(f"{p}mlp.down_proj.weight"), None, backend),
+                gate_up=linear(gate_up, None),
+                down=linear(take(f"{p}mlp.down_proj.weight"), None),
                 window=config.sliding_windows[i] if config.sliding_windows else None,
             )
         )
@@ -105,7 +107,8 @@ def load_model(
         if not config.tie_word_embeddings:
             raise ValueError(f"checkpoint {path} lacks tensor 'lm_head.weight'")
         head = embed
-    return LlamaModel(config, embed, layers, take("model.norm.weight"), Linear(head, None, backend))
+    final_norm = take("model.norm.weight")
+    return LlamaModel(config, embed, layers, final_norm, linear(head, None), batch_invariant)
 
 
 def _read_safetensors(

@@ -1,0 +1,75 @@
+"""SpecStats: acceptance statistics of speculative decoding, with vLLM's definitions.
+
+- draft tokens: tokens proposed (k per verify step, fewer when a drafter has less to say).
+- acceptance rate = accepted / draft tokens.
+- mean acceptance length = 1 + accepted / verify steps (counts the recovered/bonus token).
+- per-position acceptance rate[i] = verify steps where draft position i was accepted / steps.
+Only steps that verified at least one draft token count as verify steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Counters for one request, or summed over many."""
+
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    """accepted_per_position[i]: verify steps where draft position i was accepted."""
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        """Count one verify step that proposed num_drafts tokens and kept num_accepted."""
+        if num_drafts == 0:
+            return
+        self.num_verify_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafts:
+            self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def merge(self, other: SpecStats) -> None:
+        """Add another request's counters to these."""
+        self.num_verify_steps += other.num_verify_steps
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for i, n in enumerate(other.accepted_per_position):
+            if i < len(self.accepted_per_position):
+                self.accepted_per_position[i] += n
+            else:
+                self.accepted_per_position.append(n)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if not self.num_draft_tokens:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        if not self.num_verify_steps:
+            return None
+        return 1 + self.num_accepted_tokens / self.num_verify_steps
+
+    @property
+    def per_position_acceptance_rate(self) -> list[float]:
+        steps = self.num_verify_steps
+        return [n / steps for n in self.accepted_per_position] if steps else []
+
+    def to_dict(self) -> dict[str, Any]:
+        """Counters and derived rates, for JSON output."""
+        return {
+            "num_verify_steps": self.num_verify_steps,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "per_position_acceptance_rate": self.per_position_acceptance_rate,
+        }

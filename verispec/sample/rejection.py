@@ -1,0 +1,151 @@
+"""The verifier: speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+For each request the target scored 1 + k positions in one forward: row i (i < k) is the
+distribution after the prefix plus drafts d_1..d_i, row k the one after all k drafts.
+
+- accepted: draft d_{i+1} is kept with probability min(1, p_i(d) / q_i(d)), left to right,
+  until the first rejection. p and q are the target's and drafter's distributions after the
+  SAME warping for that position (temperature, top-k, top-p, min-p, and penalties whose
+  history includes the earlier drafts).
+- recovered: at the first rejection (position i), one token drawn from the residual
+  norm(max(0, p_i - q_i)); the drafts after it are discarded.
+- bonus: when all k drafts are accepted, one extra token drawn from p_k.
+
+Every step therefore emits accepted + 1 tokens, and each emitted token is distributed exactly
+as if sampled from p itself. Greedy rows have one-hot p (and one-hot q from a greedy or
+deterministic drafter), so the same rule reduces to "keep drafts while they equal the argmax,
+then emit the argmax"; that case also has a fast path over raw logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.sample.logits import SamplingTensors, warp
+from verispec.sample.sampler import sample
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What the verifier decided for every request of one step."""
+
+    token_ids: list[list[int]]
+    """Per request: its accepted drafts followed by one recovered or bonus token."""
+    num_accepted: list[int]
+    """Per request: how many of its drafts were accepted."""
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: Sequence[Sequence[int]],
+    draft_probs: torch.Tensor | None,
+    t: SamplingTensors,
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator | None = None,
+) -> Verdict:
+    """Accept or reject each request's drafts and add the recovered/bonus token.
+
+    logits [R, vocab]: request r owns len(drafts[r]) + 1 consecutive rows; t has one row per
+    logits row; draft_probs [sum of k, vocab] or None (one-hot q); generators: one per request.
+    Worked example (greedy): drafts [[5, 7, 2]], row argmaxes [5, 7, 9, 4] -> accept 5 and 7,
+    reject 2, emit the target's 9: token_ids [[5, 7, 9]], num_accepted [2].
+    """
+    counts = [len(d) for d in drafts]
+    if logits.shape[0] != sum(counts) + len(counts):
+        raise ValueError(
+            f"verify needs {sum(counts) + len(counts)} logits rows, got {logits.shape[0]}"
+        )
+    device = logits.device
+    flat = torch.tensor([x for d in drafts for x in d], dtype=torch.int64, device=device)  # [D]
+    starts = torch.tensor(_starts(counts), dtype=torch.int64, device=device)  # [N] first row
+    k = torch.tensor(counts, dtype=torch.int64, device=device)  # [N]
+    if t.all_greedy and not t.need_penalties:
+        target = logits.argmax(dim=1)  # [R]
+        accepted = _accepted_prefix(target[_draft_rows(counts, device)] == flat, counts)
+        final = target[starts + accepted]  # [N]
+    else:
+        p = warp(logits, t)  # [R, vocab]
+        draft_rows = _draft_rows(counts, device)  # [D] row of p scoring each draft
+        p_draft = p[draft_rows, flat]  # [D]
+        q_draft = (
+            torch.ones_like(p_draft)
+            if draft_probs is None
+            else draft_probs[torch.arange(len(flat), device=device), flat]
+        )  # [D]
+        u = _uniforms(counts, generators, default_generator, device)  # [D] in (0, 1]
+        accepted = _accepted_prefix(u * q_draft <= p_draft, counts)  # [N]
+        dist = _final_distribution(p, draft_probs, flat, starts, accepted, k)  # [N, vocab]
+        greedy_final = t.greedy[starts + accepted]
+        final = sample(dist, generators, greedy_final, default_generator)  # [N]
+    num_accepted = accepted.tolist()
+    final_ids = final.tolist()
+    token_ids = [[*d[:a], f] for d, a, f in zip(drafts, num_accepted, final_ids, strict=True)]
+    return Verdict(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def _starts(counts: list[int]) -> list[int]:
+    """First logits row of each request: request r owns counts[r] + 1 rows."""
+    out, row = [], 0
+    for c in counts:
+        out.append(row)
+        row += c + 1
+    return out
+
+
+def _draft_rows(counts: list[int], device: torch.device) -> torch.Tensor:
+    """[D] the logits row that scores each draft (a request's first k rows)."""
+    rows = [s + i for s, c in zip(_starts(counts), counts, strict=True) for i in range(c)]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def _accepted_prefix(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """[N] per request, the number of leading True values among its drafts' flags ok [D]."""
+    n, width = len(counts), max(counts, default=0)
+    if width == 0:
+        return torch.zeros(n, dtype=torch.int64, device=ok.device)
+    padded = torch.zeros(n, width, dtype=torch.bool, device=ok.device)  # [N, kmax]
+    lengths = torch.tensor(counts, device=ok.device)  # [N]
+    padded[torch.arange(width, device=ok.device)[None, :] < lengths[:, None]] = ok
+    return padded.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def _uniforms(
+    counts: list[int],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """[D] one uniform in (0, 1] per draft, from its request's generator (reproducible seeds)."""
+    parts = [
+        1.0 - torch.rand(c, generator=g or default_generator, device=device)
+        for c, g in zip(counts, generators, strict=True)
+    ]
+    return torch.cat(parts) if parts else torch.empty(0, device=device)
+
+
+def _final_distribution(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    flat: torch.Tensor,
+    starts: torch.Tensor,
+    accepted: torch.Tensor,
+    k: torch.Tensor,
+) -> torch.Tensor:
+    """[N, vocab] where each request's last token comes from: the residual norm(max(0, p - q))
+    at the first rejected position, or p at the bonus position when every draft was accepted."""
+    dist = p[starts + accepted].clone()  # [N, vocab]
+    rejected = accepted < k  # [N]
+    if not bool(rejected.any()):
+        return dist
+    draft_starts = torch.cumsum(k, 0) - k  # [N] first draft of each request in flat order
+    at = (draft_starts + accepted)[rejected]  # [n_rej] the rejected draft of each such request
+    if q is None:
+        dist[rejected] = dist[rejected].scatter(1, flat[at][:, None], 0.0)  # q one-hot at the draft
+    else:
+        dist[rejected] = (dist[rejected] - q[at]).clamp_(min=0.0)
+    mass = dist.sum(dim=1, keepdim=True)  # [N, 1]
+    # Zero residual mass means p == q there, where rejection has probability 0; keep p then.
+    return torch.where(mass > 0, dist / mass.clamp(min=1e-30), p[starts + accepted])

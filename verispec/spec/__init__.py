@@ -1,0 +1,1 @@
+"""Drafters: the Proposer protocol, its registry, and one module per method."""

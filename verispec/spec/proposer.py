@@ -1,0 +1,51 @@
+"""The Proposer protocol: what every drafter gives the engine, and Drafts, what it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from verispec.engine.request import Request
+from verispec.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class TargetInfo:
+    """What a drafter needs to know about the target it drafts for."""
+
+    tokenizer: Tokenizer
+    vocab_size: int
+    """Rows of the target's logits; draft distributions q are given over the same ids."""
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    num_blocks: int
+    """KV blocks the target has; a draft model gets as many."""
+    generator: torch.Generator
+    """The engine's shared generator for requests without a seed."""
+
+
+@dataclass(slots=True)
+class Drafts:
+    """Draft tokens for the requests of one step, in request order."""
+
+    token_ids: list[list[int]]
+    """Per request: up to its k draft tokens (possibly none)."""
+    probs: torch.Tensor | None
+    """[total drafts, vocab] the drafter's warped distribution q at each draft position, rows in
+    request order; None for a deterministic drafter (q is one-hot at the draft token)."""
+
+
+class Proposer(Protocol):
+    """A drafter: guesses up to k tokens for each request; the verifier keeps what is right."""
+
+    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+        """Draft up to num_tokens[i] tokens continuing requests[i].all_token_ids."""
+        ...
+
+    def release(self, request: Request) -> None:
+        """Forget a request (finished or preempted) and free what the drafter holds for it."""
+        ...

@@ -1,0 +1,38 @@
+"""The registry of speculative methods: the only place method names appear."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verispec.config import EngineConfig, SpecConfig
+    from verispec.spec.proposer import Proposer, TargetInfo
+
+
+def _draft_model(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
+    from verispec.spec.draft_model import DraftModelProposer
+
+    return DraftModelProposer(spec, config, target)
+
+
+def _ngram(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
+    from verispec.spec.ngram import NgramProposer
+
+    return NgramProposer(spec)
+
+
+_METHODS: dict[str, Callable[[SpecConfig, EngineConfig, TargetInfo], Proposer]] = {
+    "draft_model": _draft_model,
+    "ngram": _ngram,
+}
+
+
+def method_names() -> tuple[str, ...]:
+    """Names a SpecConfig may give as method."""
+    return tuple(_METHODS)
+
+
+def make_proposer(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
+    """The drafter for spec.method."""
+    return _METHODS[spec.method](spec, config, target)
