@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,25 @@ def family_config(family: str, vocab_size: int, **overrides: Any) -> Any:
 
 
 def make_checkpoint(
-    path: Path, family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: Any
+    path: Path,
+    family: str,
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    layer_scale: float = 1.0,
+    **overrides: Any,
 ) -> PreTrainedModel:
-    """Save a random tiny model of `family` with `tokenizer` to path; return the HF model (eval)."""
+    """Save a random tiny model of `family` with `tokenizer` to path; return the HF model (eval).
+
+    layer_scale multiplies the layers' matrices: at the default init the layers barely touch
+    the residual stream and greedy decoding repeats one token; 8 gives varied text.
+    """
     config = family_config(family, len(tokenizer), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for weight in model.model.layers.parameters():
+            if weight.dim() == 2:
+                weight.mul_(layer_scale)
     if family == "qwen2":  # random biases so the bias path is really exercised
         with torch.no_grad():
             for layer in model.model.layers:
@@ -87,6 +101,43 @@ def make_checkpoint(
     GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(path))
     save_tokenizer(tokenizer, path)
     return model
+
+
+def make_perturbed_copy(
+    path: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    noise: float,
+    seed: int = 1,
+) -> PreTrainedModel:
+    """Save a draft that agrees with `model` only partly: every matrix plus noise * its std."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in draft.parameters():
+            if weight.dim() == 2:
+                weight.add_(noise * weight.std() * torch.randn(weight.shape, generator=gen))
+    draft.save_pretrained(str(path))
+    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(path))
+    save_tokenizer(tokenizer, path)
+    return draft
+
+
+# (family, draft noise): greedy acceptance about 0.55-0.6 at k = 4, partial, not all-or-nothing.
+SPEC_PAIRS = (("llama", 0.03), ("qwen2", 0.03), ("qwen3", 0.03))
+
+
+@pytest.fixture(scope="session", params=SPEC_PAIRS, ids=lambda p: p[0])
+def spec_pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer
+) -> tuple[Path, Path]:
+    """(target dir, draft dir): a sharp tiny target and a perturbed copy of it as its draft."""
+    family, noise = request.param
+    target = tmp_path_factory.mktemp(f"{family}-target")
+    draft = tmp_path_factory.mktemp(f"{family}-draft")
+    model = make_checkpoint(target, family, tokenizer, layer_scale=8.0)
+    make_perturbed_copy(draft, model, tokenizer, noise)
+    return target, draft
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

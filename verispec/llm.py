@@ -7,7 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from verispec.config import CacheConfig, EngineConfig
+from verispec.config import CacheConfig, EngineConfig, SpecConfig
 from verispec.engine import Engine
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
@@ -28,11 +28,13 @@ class LLM:
         block_size: int = 16,
         num_blocks: int | None = None,
         progress: bool = False,
+        speculative: SpecConfig | None = None,
         **engine_options: Any,
     ) -> None:
         config = EngineConfig(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks), **engine_options,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+            speculative=speculative, **engine_options,
         )  # fmt: skip
         self.engine = Engine(config, progress=progress)
 
