@@ -8,6 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from verispec.config import SpecConfig
+from verispec.spec.registry import method_names
+
 EXIT_BAD_INPUT = 2
 
 
@@ -29,7 +32,56 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     gen.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    spec = gen.add_argument_group("speculative decoding (off unless --draft or --method)")
+    spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
+    spec.add_argument("--method", choices=method_names(), default=None,
+                      help="where drafts come from (--draft alone: its draft model)")  # fmt: skip
+    spec.add_argument("--k", type=int, default=None, help="draft tokens per step (4)")
+    spec.add_argument("--prompt-lookup-min", type=int, default=None, metavar="N",
+                      help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
+    spec.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
+                      help="longest n-gram prompt lookup matches (4)")  # fmt: skip
+    gen.add_argument("--batch-invariant", action="store_true",
+                     help="logits independent of batch mates: speculative greedy output equals "
+                     "plain greedy output bit for bit (slower)")  # fmt: skip
     return parser
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | None:
+    """The SpecConfig the options ask for, or None for plain decoding; ValueError on a
+    contradiction. Method names stay in the registry: whether a method takes a draft
+    checkpoint is asked of SpecConfig itself."""
+    flags = {  # option flag: (SpecConfig field, value)
+        "--k": ("num_speculative_tokens", args.k),
+        "--prompt-lookup-min": ("prompt_lookup_min", args.prompt_lookup_min),
+        "--prompt-lookup-max": ("prompt_lookup_max", args.prompt_lookup_max),
+    }
+    given = {flag: fv for flag, fv in flags.items() if fv[1] is not None}
+    if args.draft is None and args.method is None:
+        if given:
+            verb = "needs" if len(given) == 1 else "need"
+            raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
+        return None
+    options: dict[str, Any] = dict(given.values())
+    if args.method is not None:
+        options["method"] = args.method
+        takes_draft = _takes_draft(args.method)
+        if takes_draft and args.draft is None:
+            raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
+        if not takes_draft and args.draft is not None:
+            raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
+    if args.draft is not None:
+        options["model"] = args.draft
+    return SpecConfig(**options)
+
+
+def _takes_draft(method: str) -> bool:
+    """Whether `method` needs a draft checkpoint: SpecConfig refuses it without model=."""
+    try:
+        SpecConfig(method=method)
+    except ValueError:
+        return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,10 +105,11 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed,
     )  # fmt: skip
+    spec = spec_config(args)
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        progress=True,
+        progress=True, speculative=spec, batch_invariant=args.batch_invariant,
     )  # fmt: skip
     out = llm.generate(args.prompt, params)[0]
     metrics = out.metrics.to_dict()
@@ -71,6 +124,10 @@ def _generate(args: argparse.Namespace) -> int:
         "top_p": params.top_p,
         "top_k": params.top_k,
         "seed": params.seed,
+        "method": spec.method if spec else None,
+        "k": spec.num_speculative_tokens if spec else None,
+        "draft": spec.model if spec else None,
+        "batch_invariant": args.batch_invariant,
     }
     if args.json:
         result = {
@@ -90,7 +147,18 @@ def _generate(args: argparse.Namespace) -> int:
         f"{settings['dtype']} on {settings['device']}, temperature {params.temperature}]",
         file=sys.stderr,
     )
+    if spec is not None:
+        print(f"[{_acceptance_line(metrics)} ({spec.method}, k={spec.num_speculative_tokens})]",
+              file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _acceptance_line(metrics: dict[str, Any]) -> str:
+    """'accepted 71% of drafts, 3.1 tokens/step', or why there is no rate."""
+    if not metrics["num_draft_tokens"]:
+        return "no drafts proposed"
+    return (f"accepted {metrics['acceptance_rate']:.0%} of {metrics['num_draft_tokens']} "
+            f"drafts, {metrics['mean_acceptance_length']:.1f} tokens/step")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -159,6 +159,8 @@ class Engine:
     def abort_request(self, request: Request) -> None:
         """Stop a request before it finishes; it keeps the tokens it has, and frees its blocks."""
         self.scheduler.abort(request)
+        if self.proposer is not None:
+            self.proposer.release(request)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

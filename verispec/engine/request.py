@@ -23,9 +23,13 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
-    """A request's tokens and progress; the scheduler moves it, the engine appends tokens."""
+    """A request's tokens and progress; the scheduler moves it, the engine appends tokens.
+
+    Compared by identity (eq=False): the scheduler's `in`/`remove` on its queues would otherwise
+    compare every field of every queued request, quadratic in the batch size.
+    """
 
     request_id: str
     prompt: str | None

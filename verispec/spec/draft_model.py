@@ -62,7 +62,7 @@ class DraftModelProposer:
             min(k, self.max_len - r.num_tokens) for r, k in zip(requests, num_tokens, strict=True)
         ]
         drafts: list[list[int]] = [[] for _ in requests]
-        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
         for step in range(max(ks, default=0)):
             active = [i for i, k in enumerate(ks) if k > step]
             logits = self._forward([requests[i] for i in active], [drafts[i] for i in active])
@@ -71,13 +71,53 @@ class DraftModelProposer:
             )
             for row, i in enumerate(active):
                 drafts[i].append(tokens[row])
-                probs[i].append(q[row])
+                probs[i].append(None if q is None else q[row])
         for r, d in zip(requests, drafts, strict=True):
             if d:
                 state = self.states[r.request_id]
                 state.base, state.drafts = r.all_token_ids, d[:-1]
-        rows = [p for per_request in probs for p in per_request]
-        return Drafts(token_ids=drafts, probs=torch.stack(rows) if rows else None)
+        return Drafts(token_ids=drafts, probs=self._stack_q(drafts, probs))
+
+    def _stack_q(
+        self, drafts: list[list[int]], probs: list[list[torch.Tensor | None]]
+    ) -> torch.Tensor | None:
+        """[total drafts, vocab] q rows in request order, or None when every row is one-hot."""
+        flat = [
+            (d, p)
+            for ds, ps in zip(drafts, probs, strict=True)
+            for d, p in zip(ds, ps, strict=True)
+        ]
+        if all(p is None for _, p in flat):
+            return None
+        vocab = self.target.vocab_size
+        one_hot = torch.zeros(vocab, device=self.model.device)
+        return torch.stack(
+            [
+                p
+                if p is not None
+                else one_hot.index_fill(0, torch.tensor(d, device=one_hot.device), 1.0)
+                for d, p in flat
+            ]
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """q [n, target vocab] after the request's own warping, and one draft token per row;
+        q is None when every row is greedy (one-hot at the argmax, which verify implies)."""
+        logits = _match_vocab(logits, self.target.vocab_size)
+        if all(r.params.greedy and not r.params.needs_penalties for r in requests):
+            return None, logits.argmax(dim=1).tolist()
+        t = SamplingTensors.build(
+            [r.params for r in requests],
+            [r.prompt_token_ids for r in requests],
+            [r.output_token_ids + d for r, d in zip(requests, drafts, strict=True)],
+            self.target.vocab_size,
+            logits.device,
+        )
+        q = warp(logits, t)  # [n, vocab]
+        tokens = sample(q, [r.generator for r in requests], t.greedy, self.target.generator)
+        return q, tokens.tolist()
 
     def release(self, request: Request) -> None:
         """Free the draft KV blocks of a finished or preempted request."""
@@ -103,22 +143,6 @@ class DraftModelProposer:
             chunks.append(SeqChunk(new, start, slots, state.table.blocks))
         batch = ForwardBatch.build(chunks, self.block_size, self.model.device)
         return self.model.forward(batch, self.kv)
-
-    def _sample(
-        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """q [n, target vocab] after the request's own warping, and one draft token per row."""
-        logits = _match_vocab(logits, self.target.vocab_size)
-        t = SamplingTensors.build(
-            [r.params for r in requests],
-            [r.prompt_token_ids for r in requests],
-            [r.output_token_ids + d for r, d in zip(requests, drafts, strict=True)],
-            self.target.vocab_size,
-            logits.device,
-        )
-        q = warp(logits, t)  # [n, vocab]
-        tokens = sample(q, [r.generator for r in requests], t.greedy, self.target.generator)
-        return q, tokens.tolist()
 
 
 def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
