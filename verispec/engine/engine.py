@@ -129,6 +129,7 @@ class Engine:
     def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """Fill each decoding request's draft tokens; return the drafter's q rows (or None)."""
         if self.proposer is None:
+            self.scheduler.preempted.clear()  # nothing to release; do not keep them alive
             return None
         for request in self.scheduler.preempted:
             self.proposer.release(request)

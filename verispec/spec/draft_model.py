@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,8 +51,12 @@ class DraftModelProposer:
         check_vocabularies(target.tokenizer, Tokenizer(path))
         self.target = target
         self.block_size = config.cache.block_size
-        self.allocator = BlockAllocator(target.num_blocks)
-        self.kv = self.model.new_kv_cache(target.num_blocks, self.block_size)
+        # Headroom beyond the target's blocks: a request may still hold up to k - 1 stale draft
+        # slots (not yet rolled back) when it is not drafting this step.
+        stale = math.ceil(spec.num_speculative_tokens / self.block_size) + 1
+        num_blocks = target.num_blocks + config.max_num_seqs * stale
+        self.allocator = BlockAllocator(num_blocks)
+        self.kv = self.model.new_kv_cache(num_blocks, self.block_size)
         self.max_len = self.model.config.max_position_embeddings
         self.states: dict[str, _DraftState] = {}
 

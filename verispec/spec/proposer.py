@@ -23,7 +23,7 @@ class TargetInfo:
     dtype: torch.dtype
     max_model_len: int
     num_blocks: int
-    """KV blocks the target has; a draft model gets as many."""
+    """KV blocks the target has; a draft model gets as many, plus headroom."""
     generator: torch.Generator
     """The engine's shared generator for requests without a seed."""
 

@@ -1,0 +1,375 @@
+"""The draft-model proposer end to end: KV caches after rollback, seeds, vocabularies, a draft
+with a shorter context than the target, and the acceptance statistics it produces."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import CORPUS, SPEC_PAIRS, make_checkpoint
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from verispec import LLM, SamplingParams, SpecConfig
+from verispec.batch import ForwardBatch, SeqChunk
+from verispec.engine import Engine
+from verispec.engine.request import Request, Status
+from verispec.kv import BlockAllocator, BlockTable
+from verispec.metrics import SpecStats
+from verispec.models.llama import LlamaModel
+from verispec.spec.draft_model import check_vocabularies
+from verispec.tokenizer import Tokenizer
+from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
+
+LLAMA = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+SPEC_FIELDS = {
+    "num_verify_steps", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate",
+    "mean_acceptance_length", "per_position_acceptance_rate",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models: a second thread only adds synchronisation (slow on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_prompts(n: int, seed: int, lo: int = 3, hi: int = 20) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [[0, *torch.randint(3, 320, (m,), generator=g).tolist()] for m in lengths]
+
+
+def draft_llm(target: Path, draft: Path, k: int = 4, **engine: Any) -> LLM:
+    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=k)
+    return LLM(model=str(target), speculative=spec, **engine)
+
+
+# KV caches after rollback
+
+
+def fresh_kv(model: LlamaModel, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [layers, len(tokens), kv_heads, head_dim] of a fresh one-chunk prefill."""
+    block_size = 4
+    num_blocks = -(-len(tokens) // block_size)
+    kv = model.new_kv_cache(num_blocks, block_size)
+    table = BlockTable(BlockAllocator(num_blocks), block_size)
+    slots = table.append_slots(len(tokens))
+    model.forward(ForwardBatch.build([SeqChunk(tokens, 0, slots, table.blocks)], block_size), kv)
+    index = torch.tensor(slots)
+    return kv.k[:, index], kv.v[:, index]
+
+
+def assert_cache_holds(
+    model: LlamaModel, kv: Any, slots: list[int], tokens: list[int], what: str
+) -> None:
+    """The cache's entries at slots equal a fresh prefill of tokens."""
+    index = torch.tensor(slots, dtype=torch.int64)
+    want_k, want_v = fresh_kv(model, tokens)
+    torch.testing.assert_close(kv.k[:, index], want_k, atol=1e-5, rtol=1e-5, msg=what)
+    torch.testing.assert_close(kv.v[:, index], want_v, atol=1e-5, rtol=1e-5, msg=what)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def check_caches(engine: Engine, requests: list[Request]) -> int:
+    """For every live request: the target cache holds its first num_computed_tokens tokens;
+    the draft cache's entries that still match its tokens hold exactly those tokens. Returns
+    how many draft positions were found stale (rolled back drafts awaiting truncation)."""
+    stale = 0
+    proposer = engine.proposer
+    for r in requests:
+        if r.status is not Status.RUNNING:
+            assert r.request_id not in proposer.states or r.status is Status.WAITING
+            continue
+        n = r.num_computed_tokens
+        assert r.block_table.num_tokens == n
+        if n:
+            slots = r.block_table.slots(0, n)
+            assert_cache_holds(engine.model, engine.runner.kv, slots, r.all_token_ids[:n], "target")
+        state = proposer.states.get(r.request_id)
+        if state is None:
+            continue
+        held = state.base + state.drafts  # what the draft cache claims to hold, in order
+        assert state.table.num_tokens == len(held)
+        assert r.all_token_ids[: len(state.base)] == state.base  # accepted tokens never change
+        valid = common_prefix(held, r.all_token_ids)
+        stale += len(held) - valid
+        slots = state.table.slots(0, valid)
+        assert_cache_holds(proposer.model, proposer.kv, slots, held[:valid], "draft")
+    return stale
+
+
+KV_CASES = {
+    "greedy": (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), {}),
+    "sampled": (
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=3),
+        {},
+    ),
+    "greedy-chunked-two-seqs": (
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+        dict(max_num_seqs=2, max_num_batched_tokens=8),
+    ),
+    "sampled-preempted": (
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True),
+        dict(block_size=4, num_blocks=10, max_model_len=40),
+    ),
+}
+
+
+@LLAMA
+@pytest.mark.parametrize("case", KV_CASES.values(), ids=KV_CASES.keys())
+def test_kv_caches_match_a_fresh_prefill_after_every_step(spec_pair, case: tuple) -> None:
+    target, draft = spec_pair
+    params, engine_options = case
+    llm = draft_llm(target, draft, k=5, **engine_options)
+    engine = llm.engine
+    requests = [engine.add_request(p, params) for p in random_prompts(4, seed=8)]
+    stale = steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        stale += check_caches(engine, requests)
+        steps += 1
+    assert stale > 0, "no draft was ever rejected, so no rollback was checked"
+    stats = engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert not engine.proposer.states
+    assert engine.proposer.allocator.num_used == 0 and engine.allocator.num_used == 0
+
+
+# Seeds
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True)
+
+
+def seeded(seed: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=seed)
+
+
+def spec_for(method: str, draft: Path) -> SpecConfig:
+    if method == "draft_model":
+        return SpecConfig(method=method, model=str(draft), num_speculative_tokens=4)
+    return SpecConfig(method=method, num_speculative_tokens=4, prompt_lookup_min=1)
+
+
+@LLAMA
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_same_seed_same_tokens_in_fresh_instances(
+    spec_pair, method: str, batch_invariant: bool
+) -> None:
+    target, draft = spec_pair
+    prompts = [*random_prompts(3, seed=9), CORPUS[3]]
+    params = [seeded(s) for s in (11, 12, 13, 11)]
+    runs = []
+    for _ in range(2):
+        llm = LLM(model=str(target), speculative=spec_for(method, draft),
+                  batch_invariant=batch_invariant)  # fmt: skip
+        runs.append([o.token_ids for o in llm.generate(prompts, params)])
+    assert runs[0] == runs[1]
+    greedy = LLM(model=str(target), batch_invariant=batch_invariant).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
+    assert any(o.token_ids != r for o, r in zip(greedy, runs[0], strict=True)), "not sampling"
+
+
+@LLAMA
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_seeded_requests_ignore_their_batch_mates(spec_pair, method: str) -> None:
+    """A seeded request gets the same tokens alone, beside unseeded sampled and greedy
+    requests, and with a smaller max_num_seqs (batch-invariant mode, so logits agree too)."""
+    target, draft = spec_pair
+    mine = random_prompts(2, seed=10)
+    others = [*random_prompts(3, seed=11), CORPUS[0]]
+    mine_params = [seeded(21), seeded(22)]
+
+    def run(prompts: list, params: list, **engine: Any) -> list[list[int]]:
+        llm = LLM(model=str(target), speculative=spec_for(method, draft), batch_invariant=True,
+                  seed=engine.pop("seed", 0), **engine)  # fmt: skip
+        return [o.token_ids for o in llm.generate(prompts, params)]
+
+    alone = run(mine, mine_params)
+    other_params = [SAMPLED, GREEDY, SAMPLED, seeded(5)]
+    mixed = run([others[0], mine[0], others[1], others[2], mine[1], others[3]],
+                [other_params[0], mine_params[0], other_params[1], other_params[2],
+                 mine_params[1], other_params[3]], seed=7)  # fmt: skip
+    assert [mixed[1], mixed[4]] == alone
+    two_at_a_time = run(
+        [mine[1], *others, mine[0]], [mine_params[1], *other_params, mine_params[0]], max_num_seqs=2
+    )
+    assert [two_at_a_time[-1], two_at_a_time[0]] == alone
+
+
+# Vocabularies
+
+
+@LLAMA
+def test_identical_vocabularies_pass(spec_pair) -> None:
+    target, draft = spec_pair
+    check_vocabularies(Tokenizer(target), Tokenizer(draft))
+
+
+def save_padded_draft(draft: Path, out: Path, extra: int) -> None:
+    """The draft with `extra` padding rows at the end of its embedding and head; the head's
+    padding rows score far above every real token, so a draft that looked at them would
+    propose ids the target does not have."""
+    model = AutoModelForCausalLM.from_pretrained(str(draft)).eval()
+    vocab = model.config.vocab_size
+    model.resize_token_embeddings(vocab + extra)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[vocab:] = 50 * head[:extra]
+    model.save_pretrained(str(out))
+    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(out))
+    save_tokenizer(train_bpe_tokenizer(CORPUS, vocab_size=vocab), out)
+
+
+@LLAMA
+def test_draft_with_padded_vocabulary(spec_pair, tmp_path: Path) -> None:
+    target, draft = spec_pair
+    padded = tmp_path / "padded"
+    save_padded_draft(draft, padded, extra=16)
+    assert json.loads((padded / "config.json").read_text())["vocab_size"] == 320 + 16
+    check_vocabularies(Tokenizer(target), Tokenizer(padded))
+    prompts = [*random_prompts(4, seed=12), *CORPUS[:2]]
+    ref = LLM(model=str(target), batch_invariant=True).generate(prompts, GREEDY)
+    padded_llm = draft_llm(target, padded, batch_invariant=True)
+    out = padded_llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in out] == [r.token_ids for r in ref]
+    same_llm = draft_llm(target, draft, batch_invariant=True)
+    same_llm.generate(prompts, GREEDY)  # the unpadded draft proposes exactly the same tokens
+    assert padded_llm.engine.spec_stats == same_llm.engine.spec_stats
+    assert 0 < padded_llm.engine.spec_stats.num_accepted_tokens
+
+
+@LLAMA
+def test_draft_with_another_tokenizer_is_refused(spec_pair, tmp_path: Path, tokenizer) -> None:
+    target, _ = spec_pair
+    texts = ["zebra quokka xylophone jazz " * 4, "Mississippi bookkeeper 12345\n" * 3]
+    other = train_bpe_tokenizer(texts, vocab_size=320)
+    make_checkpoint(tmp_path, "llama", other)
+    mine = {i: t for t, i in tokenizer.get_vocab().items()}
+    theirs = {i: t for t, i in other.get_vocab().items()}
+    first = next(i for i in range(320) if mine.get(i) != theirs.get(i))
+    with pytest.raises(ValueError, match=f"differs from the target's at id {first}:") as info:
+        draft_llm(target, tmp_path)
+    assert repr(mine[first]) in str(info.value) and repr(theirs[first]) in str(info.value)
+
+
+# A draft with a shorter context
+
+
+@LLAMA
+def test_draft_with_shorter_context(spec_pair, tmp_path: Path, monkeypatch) -> None:
+    """A draft that knows 32 positions drafts while the request is shorter, then k shrinks to 0
+    and the target decodes alone; the output is still the target's own."""
+    target, draft = spec_pair
+    short = tmp_path / "short"
+    short.mkdir()
+    for f in draft.iterdir():
+        (short / f.name).write_bytes(f.read_bytes())
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = 32
+    (short / "config.json").write_text(json.dumps(config))
+    prompts = random_prompts(4, seed=13, lo=10, hi=20)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ref = LLM(model=str(target), batch_invariant=True).generate(prompts, params)
+    llm = draft_llm(target, short, k=6, batch_invariant=True)
+    proposer = llm.engine.proposer
+    assert proposer.max_len == 32
+    seen: list[tuple[int, int]] = []  # (tokens before the drafts, drafts)
+    propose = proposer.propose
+
+    def spy(requests: list[Request], num_tokens: list[int]) -> Any:
+        drafts = propose(requests, num_tokens)
+        seen.extend((r.num_tokens, len(d)) for r, d in zip(requests, drafts.token_ids, strict=True))
+        return drafts
+
+    monkeypatch.setattr(proposer, "propose", spy)
+    out = llm.generate(prompts, params)
+    assert [o.token_ids for o in out] == [r.token_ids for r in ref]
+    assert all(n + d <= 32 for n, d in seen if d), "a draft position past the draft's context"
+    assert any(d for _, d in seen) and any(n >= 32 and d == 0 for n, d in seen)
+    assert all(len(o.prompt_token_ids) + len(o.token_ids) > 32 for o in out)
+
+
+# Statistics
+
+
+def assert_consistent(spec: SpecStats, d: dict, k: int) -> None:
+    assert set(d) >= SPEC_FIELDS
+    steps, drafts, accepted = d["num_verify_steps"], d["num_draft_tokens"], d["num_accepted_tokens"]
+    assert (steps, drafts, accepted) == (
+        spec.num_verify_steps, spec.num_draft_tokens, spec.num_accepted_tokens
+    )  # fmt: skip
+    assert 0 <= accepted <= drafts <= k * steps
+    if steps == 0:  # nothing was ever drafted (an n-gram that never matched)
+        assert d["acceptance_rate"] is None and d["mean_acceptance_length"] is None
+        assert d["per_position_acceptance_rate"] == []
+        return
+    assert steps <= drafts
+    assert d["acceptance_rate"] == pytest.approx(accepted / drafts)
+    assert d["mean_acceptance_length"] == pytest.approx(1 + accepted / steps)
+    rates = d["per_position_acceptance_rate"]
+    assert len(rates) <= k
+    assert all(1 >= a >= b >= 0 for a, b in itertools.pairwise(rates))
+    assert sum(rates) * steps == pytest.approx(accepted)
+
+
+@LLAMA
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize(
+    "params", [GREEDY, SamplingParams(temperature=0.05, max_tokens=24, ignore_eos=True, seed=1)],
+    ids=["greedy", "sampled"],
+)  # fmt: skip
+def test_stats_are_consistent(spec_pair, method: str, params: SamplingParams) -> None:
+    """Per-request counters agree with their derived rates and sum to the engine's. (The tiny
+    target's logits are flat: at temperature >= 0.5 nearly every draft is accepted, so the
+    sampled case runs cold enough for rejections.)"""
+    target, draft = spec_pair
+    llm = LLM(model=str(target), speculative=spec_for(method, draft))
+    prompts = [*random_prompts(4, seed=14), CORPUS[3], [0, 5, 6, 5, 6, 5, 6]]
+    outs = llm.generate(prompts, params)
+    total = SpecStats()
+    for o in outs:
+        m = o.metrics
+        spec = m.spec
+        assert m.acceptance_rate == spec.acceptance_rate
+        assert m.mean_acceptance_length == spec.mean_acceptance_length
+        assert_consistent(spec, m.to_dict(), k=4)
+        # each step emits its accepted drafts plus one token, and none is cut (no stops)
+        assert m.num_output_tokens >= spec.num_verify_steps + spec.num_accepted_tokens
+        total.merge(spec)
+    assert sum(o.metrics.spec.num_verify_steps > 0 for o in outs) >= len(outs) // 2
+    engine_stats = llm.engine.spec_stats
+    assert engine_stats == total
+    assert_consistent(engine_stats, engine_stats.to_dict(), k=4)
+    assert 0 < engine_stats.acceptance_rate < 1
+
+
+@LLAMA
+def test_plain_decoding_has_no_speculation_stats(spec_pair) -> None:
+    target, _ = spec_pair
+    llm = LLM(model=str(target))
+    (out,) = llm.generate(CORPUS[0], GREEDY)
+    d = out.metrics.to_dict()
+    assert set(d) >= SPEC_FIELDS
+    assert (d["num_verify_steps"], d["num_draft_tokens"], d["num_accepted_tokens"]) == (0, 0, 0)
+    assert d["acceptance_rate"] is None and d["mean_acceptance_length"] is None
+    assert d["per_position_acceptance_rate"] == []
+    assert out.metrics.acceptance_rate is None and out.metrics.mean_acceptance_length is None
+    assert llm.engine.spec_stats == SpecStats()

@@ -1,0 +1,288 @@
+"""Greedy speculative decoding is lossless: token for token the target's own greedy output.
+
+Every case runs in batch-invariant mode, where each row's logits are bit-for-bit what a lone
+decode step computes, so equality (not similarity) with plain decoding is the contract
+(DESIGN.md, 3). Each case also checks that acceptance was partial, so drafts were really
+rejected and rolled back, not all kept or all thrown away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import CORPUS, SPEC_PAIRS
+
+from verispec import LLM, SamplingParams, SpecConfig
+from verispec.engine.request import Request
+from verispec.engine.runner import ModelRunner
+from verispec.engine.scheduler import Scheduler
+from verispec.outputs import RequestOutput
+
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+METHODS = ("draft_model", "ngram")
+VOCAB = 320
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The models are tiny: a second thread only adds synchronisation, and on a busy machine
+    its spin-waits make runs 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_prompts(n: int, seed: int, lo: int = 2, hi: int = 24) -> list[list[int]]:
+    """n prompts of random lengths in [lo, hi) from a seeded generator, ids outside 0-2."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(3, VOCAB, (m,), generator=g).tolist() for m in lengths]
+
+
+def repeating_prompts(seed: int) -> list[list[int]]:
+    """Prompts that repeat a short pattern (after a random lead-in), so n-grams match."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for period, repeats in ((1, 5), (2, 4), (3, 3), (4, 3), (5, 2)):
+        lead = torch.randint(3, VOCAB, (period,), generator=g).tolist()
+        pattern = torch.randint(3, VOCAB, (period,), generator=g).tolist()
+        out.append([0, *lead, *(pattern * repeats)])
+    return out
+
+
+PROMPTS: list[str | list[int]] = [*random_prompts(5, seed=0), *repeating_prompts(1), *CORPUS]
+
+
+def spec_config(method: str, k: int, draft: Path) -> SpecConfig:
+    if method == "draft_model":
+        return SpecConfig(method=method, model=str(draft), num_speculative_tokens=k)
+    return SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=1)
+
+
+class Plain:
+    """Plain greedy decoding of a target, one LLM per (target, engine settings), reused."""
+
+    def __init__(self) -> None:
+        self.llms: dict[tuple[str, tuple[tuple[str, Any], ...]], LLM] = {}
+
+    def llm(self, target: Path, **engine: Any) -> LLM:
+        key = (str(target), tuple(sorted(engine.items())))
+        if key not in self.llms:
+            self.llms[key] = LLM(model=str(target), batch_invariant=True, **engine)
+        return self.llms[key]
+
+    def generate(
+        self, target: Path, prompts: list, params: Any, **engine: Any
+    ) -> list[RequestOutput]:
+        return self.llm(target, **engine).generate(prompts, params)
+
+
+@pytest.fixture(scope="module")
+def plain() -> Plain:
+    return Plain()
+
+
+def speculative(
+    target: Path, draft: Path, method: str, k: int, prompts: list, params: Any, **engine: Any
+) -> tuple[list[RequestOutput], LLM]:
+    llm = LLM(
+        model=str(target), batch_invariant=True, speculative=spec_config(method, k, draft), **engine
+    )
+    return llm.generate(prompts, params), llm
+
+
+def assert_same(spec: list[RequestOutput], ref: list[RequestOutput]) -> None:
+    assert len(spec) == len(ref)
+    for i, (s, r) in enumerate(zip(spec, ref, strict=True)):
+        assert s.token_ids == r.token_ids, f"prompt {i}: speculative output differs from plain"
+        assert (s.finish_reason, s.text) == (r.finish_reason, r.text), f"prompt {i}"
+
+
+def assert_partial(llm: LLM) -> None:
+    """Some drafts were accepted and some rejected."""
+    rate = llm.engine.spec_stats.acceptance_rate
+    assert rate is not None and 0 < rate < 1, f"acceptance rate {rate}"
+
+
+def pair_k_cases(subset: tuple[int, ...], llama: tuple[int, ...] = tuple(range(1, 9))) -> list[Any]:
+    """Every k (by default) for the llama pair, a subset for the others (the pairs differ in
+    the model, not in the speculative bookkeeping)."""
+    cases = []
+    for pair in SPEC_PAIRS:
+        for k in llama if pair[0] == "llama" else subset:
+            cases.append(pytest.param(pair, k, id=f"{pair[0]}-k{k}"))
+    return cases
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("spec_pair", "k"), pair_k_cases((1, 3, 8)), indirect=["spec_pair"])
+def test_greedy_equals_plain(spec_pair, k: int, method: str, plain: Plain) -> None:
+    target, draft = spec_pair
+    ref = plain.generate(target, PROMPTS, GREEDY)
+    out, llm = speculative(target, draft, method, k, PROMPTS, GREEDY)
+    assert_same(out, ref)
+    assert_partial(llm)
+    stats = llm.engine.spec_stats
+    assert stats.num_draft_tokens <= k * stats.num_verify_steps
+    assert len(stats.per_position_acceptance_rate) <= k
+
+
+def stop_params(ref: list[RequestOutput], decode: Any) -> list[SamplingParams]:
+    """Per prompt, a stop that plain decoding hits mid-output: a token id for even prompts, a
+    stop string (the text of a middle token) for odd ones."""
+    params = []
+    for i, r in enumerate(ref):
+        at = len(r.token_ids) // 2 + i % 5
+        token = r.token_ids[at]
+        common: dict[str, Any] = dict(temperature=0, max_tokens=32)
+        if i % 2 == 0 or not decode([token]).strip():
+            params.append(SamplingParams(stop_token_ids=[token], **common))
+        else:
+            params.append(SamplingParams(stop=[decode([token]).strip()], **common))
+    return params
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    ("spec_pair", "k"), pair_k_cases((4,), llama=(1, 2, 5, 8)), indirect=["spec_pair"]
+)
+def test_stops_inside_an_accepted_run(
+    spec_pair, k: int, method: str, plain: Plain, tokenizer, monkeypatch
+) -> None:
+    """EOS counts (no ignore_eos), stop ids and stop strings end the output exactly where plain
+    decoding ends it, although the verifier handed over tokens past the stop."""
+    target, draft = spec_pair
+    ref = plain.generate(target, PROMPTS, GREEDY)
+    params = stop_params(ref, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    ref = plain.generate(target, PROMPTS, params)
+    assert sum(r.finish_reason == "stop" for r in ref) >= len(ref) // 2
+
+    dropped = []  # steps whose tokens ran past the stop, so the request dropped the rest
+    append = Request.append_tokens
+
+    def spy(self: Request, tokens: list[int], decode: Any) -> None:
+        before = len(self.output_token_ids)
+        append(self, tokens, decode)
+        if self.finished and len(self.output_token_ids) - before < len(tokens):
+            dropped.append(tokens)
+
+    monkeypatch.setattr(Request, "append_tokens", spy)
+    out, _ = speculative(target, draft, method, k, PROMPTS, params)
+    assert_same(out, ref)
+    for o, p in zip(out, params, strict=True):
+        if o.finish_reason == "stop" and p.stop_token_ids:
+            assert o.token_ids[-1] in [*p.stop_token_ids, 1]  # 1: EOS
+    if method == "draft_model":
+        assert dropped, "no stop fell inside a multi-token step"
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    ("spec_pair", "k"),
+    [pytest.param(SPEC_PAIRS[0], 4, id="llama-k4"), pytest.param(SPEC_PAIRS[1], 8, id="qwen2-k8")],
+    indirect=["spec_pair"],
+)
+def test_context_limit(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -> None:
+    """Requests that run into max_model_len end with "length" at exactly that many tokens,
+    and k shrinks so no draft is placed past it."""
+    target, draft = spec_pair
+    prompts = random_prompts(6, seed=2, lo=20, hi=46) + repeating_prompts(3)
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    ref = plain.generate(target, prompts, params, max_model_len=48)
+
+    ends = []  # one past the last position each scheduled request computes
+    execute = ModelRunner.execute
+
+    def spy(self: ModelRunner, scheduled: list) -> torch.Tensor:
+        ends.extend(s.start + len(s.token_ids) + len(s.draft_token_ids) for s in scheduled)
+        return execute(self, scheduled)
+
+    monkeypatch.setattr(ModelRunner, "execute", spy)
+    out, llm = speculative(target, draft, method, k, prompts, params, max_model_len=48)
+    assert_same(out, ref)
+    assert max(ends) == 48
+    for o in out:
+        assert o.finish_reason == "length"
+        assert len(o.prompt_token_ids) + len(o.token_ids) == 48
+    assert llm.engine.spec_stats.num_verify_steps > 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+@pytest.mark.parametrize("k", [4, 8])
+def test_max_tokens_limit(spec_pair, k: int, method: str, plain: Plain) -> None:
+    """max_tokens smaller than, equal to and just above k + 1: exactly max_tokens tokens."""
+    target, draft = spec_pair
+    prompts = PROMPTS[:8]
+    params = [
+        SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
+        for m in (1, 2, k, k + 1, k + 2, 2 * k + 3, 3, 7)
+    ]
+    ref = plain.generate(target, prompts, params)
+    out, _ = speculative(target, draft, method, k, prompts, params)
+    assert_same(out, ref)
+    assert [len(o.token_ids) for o in out] == [p.max_tokens for p in params]
+
+
+BATCHING = {
+    "max_num_seqs=2": dict(max_num_seqs=2),
+    "chunked_prefill": dict(max_num_batched_tokens=8),
+    "both": dict(max_num_seqs=3, max_num_batched_tokens=8),
+}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("engine", BATCHING.values(), ids=BATCHING.keys())
+@pytest.mark.parametrize(
+    ("spec_pair", "k"),
+    [pytest.param(SPEC_PAIRS[0], 4, id="llama-k4"), pytest.param(SPEC_PAIRS[2], 6, id="qwen3-k6")],
+    indirect=["spec_pair"],
+)
+def test_batch_compositions(spec_pair, k: int, method: str, engine: dict, plain: Plain) -> None:
+    """Continuous batching (prefills of new requests beside verify steps of running ones) and
+    chunked prefill (the token budget also caps k) give the same tokens."""
+    target, draft = spec_pair
+    prompts = [*random_prompts(4, seed=4, lo=6, hi=30), *repeating_prompts(5)[:2], CORPUS[1]]
+    ref = plain.generate(target, prompts, GREEDY, **engine)
+    out, llm = speculative(target, draft, method, k, prompts, GREEDY, **engine)
+    assert_same(out, ref)
+    assert_same(out, plain.generate(target, prompts, GREEDY))  # batch invariance itself
+    assert_partial(llm)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    ("spec_pair", "k"),
+    [pytest.param(SPEC_PAIRS[0], 4, id="llama-k4"), pytest.param(SPEC_PAIRS[1], 7, id="qwen2-k7")],
+    indirect=["spec_pair"],
+)
+def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -> None:
+    """A cache that holds one full-length sequence: requests are preempted and recomputed
+    (the draft model's cache state is dropped with them), and the tokens stay the same."""
+    target, draft = spec_pair
+    engine = dict(block_size=4, num_blocks=12, max_model_len=48)
+    prompts = [*random_prompts(4, seed=6, lo=8, hi=20), *repeating_prompts(7)[2:4]]
+    params = SamplingParams(temperature=0, max_tokens=26, ignore_eos=True)
+    ref = plain.generate(target, prompts, params, **engine)
+
+    preemptions = []
+    preempt = Scheduler._preempt
+
+    def spy(self: Scheduler, victim: Request, scheduled: list) -> None:
+        preemptions.append(victim.request_id)
+        preempt(self, victim, scheduled)
+
+    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    out, llm = speculative(target, draft, method, k, prompts, params, **engine)
+    assert_same(out, ref)
+    assert preemptions, "the cache was big enough; nothing was preempted"
+    assert not llm.engine.scheduler.preempted
+    assert not plain.llm(target, **engine).engine.scheduler.preempted  # none kept alive
+    assert llm.engine.allocator.num_free == 12  # every block came back
+    if method == "draft_model":
+        assert llm.engine.proposer.allocator.num_used == 0 and not llm.engine.proposer.states

@@ -1,0 +1,62 @@
+"""SpecConfig: defaults, the public import, and a clear ValueError for every bad setting."""
+
+from __future__ import annotations
+
+import pytest
+
+import verispec
+from verispec.config import MAX_SPECULATIVE_TOKENS
+from verispec.spec.registry import method_names
+
+
+def test_public_import_and_defaults() -> None:
+    from verispec import SpecConfig
+
+    assert SpecConfig is verispec.config.SpecConfig
+    spec = SpecConfig(model="/draft")
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/draft", 4)
+    assert spec.prompt_lookup_min <= spec.prompt_lookup_max
+
+
+def test_every_registered_method_is_accepted() -> None:
+    for name in method_names():
+        spec = verispec.SpecConfig(method=name, model="/some/draft")
+        assert spec.method == name
+
+
+@pytest.mark.parametrize("k", [1, 8, MAX_SPECULATIVE_TOKENS])
+def test_k_in_range(k: int) -> None:
+    assert verispec.SpecConfig(method="ngram", num_speculative_tokens=k).num_speculative_tokens == k
+
+
+def test_unknown_method_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match="speculative method must be one of") as info:
+        verispec.SpecConfig(method="medusa-9000", model="/some/draft")
+    message = str(info.value)
+    assert "'medusa-9000'" in message
+    for name in method_names():
+        assert name in message
+
+
+@pytest.mark.parametrize("k", [0, -1, MAX_SPECULATIVE_TOKENS + 1, 2.0, True, "4", None])
+def test_bad_k(k: object) -> None:
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
+        verispec.SpecConfig(method="ngram", num_speculative_tokens=k)
+
+
+@pytest.mark.parametrize("model", [None, ""])
+def test_draft_model_needs_a_model(model: str | None) -> None:
+    with pytest.raises(ValueError, match="'draft_model' needs model="):
+        verispec.SpecConfig(method="draft_model", model=model)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(3, 2), (0, 2), (0, 0), (-1, 3), (2, None), (1.0, 2)])
+def test_bad_prompt_lookup_bounds(lo: object, hi: object) -> None:
+    with pytest.raises(ValueError, match="1 <= prompt_lookup_min <= prompt_lookup_max") as info:
+        verispec.SpecConfig(method="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi)
+    assert repr(lo) in str(info.value) and repr(hi) in str(info.value)
+
+
+def test_equal_lookup_bounds_are_fine() -> None:
+    spec = verispec.SpecConfig(method="ngram", prompt_lookup_min=3, prompt_lookup_max=3)
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 3)
