@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SPEC_PAIRS
 
-from verispec.cli import main
+from verispec import cli
+from verispec.cli import build_parser, main, method_takes_draft
+from verispec.spec.registry import method_names
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -102,3 +105,129 @@ def test_malformed_option_is_an_argparse_error(capsys) -> None:
         main(["generate", "x", "--max-tokens", "many"])
     assert exit_info.value.code == 2
     assert "invalid int value" in capsys.readouterr().err
+
+
+# Speculative decoding options: one target/draft pair (llama) of spec_pair's three keeps these
+# fast. Method names come from the registry, as in cli.py.
+ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+ACCEPTANCE_FIELDS = {
+    "num_verify_steps", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate",
+    "mean_acceptance_length", "per_position_acceptance_rate",
+}  # fmt: skip
+
+
+def generate_json(capsys, *args: str) -> dict:
+    assert main(["generate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_method_choices_come_from_the_registry() -> None:
+    source = Path(cli.__file__).read_text()
+    for name in method_names():
+        assert f'"{name}"' not in source and f"'{name}'" not in source
+        assert build_parser().parse_args(["generate", "x", "--method", name]).method == name
+
+
+def test_plain_json_has_no_method(llama_checkpoint: Path, capsys) -> None:
+    result = generate_json(capsys, "def f():", "--model", str(llama_checkpoint),
+                           "--max-tokens", "3")  # fmt: skip
+    settings = result["settings"]
+    assert (settings["method"], settings["k"], settings["draft"]) == (None, None, None)
+    assert ACCEPTANCE_FIELDS <= set(result["metrics"])
+    assert result["metrics"]["num_draft_tokens"] == 0
+
+
+@ONE_PAIR
+def test_draft_implies_draft_model_and_reports_acceptance(spec_pair, capsys) -> None:
+    target, draft = spec_pair
+    result = generate_json(capsys, "def add(a, b):", "--model", str(target), "--draft",
+                           str(draft), "--k", "3", "--max-tokens", "12")  # fmt: skip
+    settings, metrics = result["settings"], result["metrics"]
+    assert method_takes_draft(settings["method"])
+    assert (settings["k"], settings["draft"]) == (3, str(draft))
+    assert metrics["num_verify_steps"] > 0
+    assert metrics["num_draft_tokens"] <= 3 * metrics["num_verify_steps"]
+    assert 0 <= metrics["acceptance_rate"] <= 1
+    assert metrics["mean_acceptance_length"] == pytest.approx(
+        1 + metrics["num_accepted_tokens"] / metrics["num_verify_steps"]
+    )
+    assert len(metrics["per_position_acceptance_rate"]) <= 3
+
+
+@ONE_PAIR
+def test_batch_invariant_speculation_equals_plain_greedy(spec_pair, capsys) -> None:
+    target, draft = spec_pair
+    common = ["class Point:", "--model", str(target), "--max-tokens", "16", "--batch-invariant"]
+    plain = generate_json(capsys, *common)
+    spec = generate_json(capsys, *common, "--draft", str(draft), "--k", "4")
+    assert spec["settings"]["batch_invariant"] is True
+    assert spec["token_ids"] == plain["token_ids"]
+
+
+@ONE_PAIR
+def test_human_output_has_an_acceptance_line(spec_pair, capsys) -> None:
+    target, draft = spec_pair
+    args = ["generate", "for i in", "--model", str(target), "--draft", str(draft),
+            "--max-tokens", "10"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "accepted" in x)
+    assert "% of" in line and "tokens/step" in line and ", k=4)" in line
+
+
+def test_ngram_options_reach_the_engine(llama_checkpoint: Path, capsys) -> None:
+    ngram = next(m for m in method_names() if not method_takes_draft(m))
+    result = generate_json(capsys, "a b a b a b a b", "--model", str(llama_checkpoint),
+                           "--method", ngram, "--k", "2", "--prompt-lookup-min", "1",
+                           "--prompt-lookup-max", "3", "--max-tokens", "8")  # fmt: skip
+    assert (result["settings"]["method"], result["settings"]["k"]) == (ngram, 2)
+    assert result["settings"]["draft"] is None
+    assert len(result["token_ids"]) == 8
+    assert result["metrics"]["num_draft_tokens"] > 0  # the prompt and output repeat themselves
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "{needs_draft}"], "--method {needs_draft} needs --draft"),
+        (["--method", "{no_draft}", "--draft", "{draft}"], "takes no draft model"),
+        (["--k", "3"], "--k needs --draft or --method"),
+        (["--prompt-lookup-max", "3"], "--prompt-lookup-max needs --draft or --method"),
+        (["--method", "{no_draft}", "--k", "0"], "num_speculative_tokens must be"),
+        (["--method", "{no_draft}", "--k", "17"], "num_speculative_tokens must be"),
+        (["--method", "{no_draft}", "--prompt-lookup-min", "3", "--prompt-lookup-max", "2"],
+         "prompt_lookup_min <= prompt_lookup_max"),
+        (["--draft", "/no/such/dir"], "does not exist"),
+    ],
+)  # fmt: skip
+def test_bad_speculative_options_exit_2(
+    llama_checkpoint: Path, capsys, extra: list[str], message: str
+) -> None:
+    names = {
+        "needs_draft": next(m for m in method_names() if method_takes_draft(m)),
+        "no_draft": next(m for m in method_names() if not method_takes_draft(m)),
+        "draft": str(llama_checkpoint),
+    }
+    args = ["generate", "x", "--model", str(llama_checkpoint), *(a.format(**names) for a in extra)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message.format(**names) in err
+    assert err.splitlines()[-1].startswith("verispec: error: ") and "Traceback" not in err
+
+
+def test_unknown_method_is_an_argparse_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "x", "--method", "no-such-method"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@ONE_PAIR
+def test_speculative_json_from_a_real_process(spec_pair) -> None:
+    target, draft = spec_pair
+    proc = run_cli("generate", "import os", "--model", str(target), "--draft", str(draft),
+                   "--k", "2", "--max-tokens", "6", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert ACCEPTANCE_FIELDS <= set(result["metrics"])
+    assert result["settings"]["k"] == 2 and result["settings"]["draft"] == str(draft)

@@ -65,7 +65,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
     options: dict[str, Any] = dict(given.values())
     if args.method is not None:
         options["method"] = args.method
-        takes_draft = _takes_draft(args.method)
+        takes_draft = method_takes_draft(args.method)
         if takes_draft and args.draft is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
         if not takes_draft and args.draft is not None:
@@ -75,7 +75,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
     return SpecConfig(**options)
 
 
-def _takes_draft(method: str) -> bool:
+def method_takes_draft(method: str) -> bool:
     """Whether `method` needs a draft checkpoint: SpecConfig refuses it without model=."""
     try:
         SpecConfig(method=method)
