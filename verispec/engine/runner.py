@@ -53,7 +53,10 @@ class ModelRunner:
             for j in range(len(s.draft_token_ids) + 1):
                 params.append(r.params)
                 prompts.append(r.prompt_token_ids)
-                outputs.append(r.output_token_ids + s.draft_token_ids[:j])
+                # Histories only matter for penalties; skip the per-row copy otherwise.
+                penalised = r.params.needs_penalties and j > 0
+                outputs.append(r.output_token_ids + s.draft_token_ids[:j] if penalised
+                               else r.output_token_ids)  # fmt: skip
         t = SamplingTensors.build(params, prompts, outputs, logits.shape[-1], logits.device)
         return verify(
             logits,
