@@ -72,13 +72,9 @@ def resolve_model(name: str) -> Path:
             make_random_125m(path)
         return path
     if name == "embedded":
-        from verispec.models import default
+        from verispec.models.default import embedded_model_path
 
-        embedded = getattr(default, "embedded_model_path", None)
-        if embedded is None:
-            sys.exit("--model embedded: verispec.models.default has no embedded_model_path() yet "
-                     "(issue 4); use --model llama-125m or a checkpoint directory")  # fmt: skip
-        return Path(embedded())
+        return embedded_model_path("target")
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
         sys.exit(f"--model {name}: not llama-125m, embedded, or a directory with config.json")

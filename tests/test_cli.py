@@ -12,7 +12,8 @@ from conftest import SPEC_PAIRS
 
 from verispec import cli
 from verispec.cli import build_parser, main, method_takes_draft
-from verispec.spec.registry import method_names
+from verispec.models.default import embedded_model_path
+from verispec.spec.registry import PLAIN, method_names
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -231,3 +232,23 @@ def test_speculative_json_from_a_real_process(spec_pair) -> None:
     result = json.loads(proc.stdout)
     assert ACCEPTANCE_FIELDS <= set(result["metrics"])
     assert result["settings"]["k"] == 2 and result["settings"]["draft"] == str(draft)
+
+
+def test_default_main_job_is_the_embedded_pair_in_a_real_process() -> None:
+    proc = run_cli("generate", "def fibonacci(n):", "--max-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    settings = result["settings"]
+    assert settings["model"] == str(embedded_model_path("target"))
+    assert settings["draft"] == str(embedded_model_path("draft"))
+    assert settings["k"] == 4 and result["metrics"]["num_draft_tokens"] > 0
+
+
+def test_default_model_options(capsys) -> None:
+    plain = generate_json(capsys, "def f(x):", "--max-tokens", "4", "--method", PLAIN)
+    assert plain["settings"]["method"] is None and plain["metrics"]["num_draft_tokens"] == 0
+    k2 = generate_json(capsys, "def f(x):", "--max-tokens", "4", "--k", "2")
+    assert k2["settings"]["k"] == 2
+    assert k2["settings"]["draft"] == str(embedded_model_path("draft"))
+    assert main(["generate", "x", "--method", PLAIN, "--k", "2"]) == 2
+    assert f"--method {PLAIN} decodes without drafts; drop --k" in capsys.readouterr().err

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.models import default as default_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -255,23 +254,7 @@ def test_missing_model_directory_is_a_value_error(tmp_path: Path) -> None:
         LLM(model=str(tmp_path))
 
 
-@pytest.mark.slow
-def test_default_model_is_created_once_and_generates(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    llm = LLM(max_model_len=64)
-    path = tmp_path / default_model.DEMO_NAME
-    assert (path / "config.json").is_file() and llm.engine.model_path == path
-    assert llm.engine.model.config.vocab_size == 1024
-    (out,) = llm.generate("def main():", SamplingParams(temperature=0.0, max_tokens=4))
-    assert 1 <= len(out.token_ids) <= 4 and out.finished
-
-    def must_not_rebuild(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the demo checkpoint was rebuilt although it exists")
-
-    monkeypatch.setattr(default_model, "make_demo_checkpoint", must_not_rebuild)
-    again = LLM(max_model_len=64).generate(
-        "def main():", SamplingParams(temperature=0.0, max_tokens=4)
-    )
-    assert again[0].token_ids == out.token_ids
+def test_speculative_must_be_a_spec_config_none_or_auto(llama_checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="SpecConfig, None or 'auto'"):
+        LLM(model=str(llama_checkpoint), speculative="eagle")
+    assert LLM(model=str(llama_checkpoint)).engine.config.speculative is None

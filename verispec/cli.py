@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec.config import SpecConfig
-from verispec.spec.registry import method_names
+from verispec.spec.registry import PLAIN, method_names
 
 EXIT_BAD_INPUT = 2
 
@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
     gen.add_argument("prompt", help="prompt text")
-    gen.add_argument("--model", default=None, help="checkpoint directory or hub id (default: demo)")
+    gen.add_argument("--model", default=None,
+                     help="checkpoint directory or hub id (default: the embedded Python-code "
+                     "model, decoded with its embedded draft)")  # fmt: skip
     gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1)")
@@ -32,10 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     gen.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    spec = gen.add_argument_group("speculative decoding (off unless --draft or --method)")
+    spec = gen.add_argument_group(
+        "speculative decoding (default: the embedded draft for the embedded model, else off)"
+    )
     spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
-    spec.add_argument("--method", choices=method_names(), default=None,
-                      help="where drafts come from (--draft alone: its draft model)")  # fmt: skip
+    spec.add_argument("--method", choices=(PLAIN, *method_names()), default=None,
+                      help=f"where drafts come from (--draft alone: its draft model; "
+                      f"{PLAIN}: plain decoding)")  # fmt: skip
     spec.add_argument("--k", type=int, default=None, help="draft tokens per step (4)")
     spec.add_argument("--prompt-lookup-min", type=int, default=None, metavar="N",
                       help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
@@ -44,20 +49,48 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--batch-invariant", action="store_true",
                      help="logits independent of batch mates: speculative greedy output equals "
                      "plain greedy output bit for bit (slower)")  # fmt: skip
+    _add_train_parser(sub)
     return parser
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | None:
-    """The SpecConfig the options ask for, or None for plain decoding; ValueError on a
-    contradiction. Method names stay in the registry: whether a method takes a draft
-    checkpoint is asked of SpecConfig itself."""
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from verispec.train.recipe import STAGES
+
+    train = sub.add_parser(
+        "train", help="train the embedded tokenizer, target and draft from scratch",
+        description="Reproduce verispec's embedded models on the Python standard library: "
+        "tokenizer, target, draft (distilled from the target), export (Hugging Face format).",
+    )  # fmt: skip
+    train.add_argument("stage", choices=(*STAGES, "all"), help="stage to run ('all': in order)")
+    train.add_argument("--out", required=True, help="run directory (checkpoints, exports)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out (keep finished stages)")  # fmt: skip
+    train.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
+    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the embedded
+    draft when no --model is given); ValueError on a contradiction. Method names stay in the
+    registry: whether a method takes a draft checkpoint is asked of SpecConfig itself."""
     flags = {  # option flag: (SpecConfig field, value)
         "--k": ("num_speculative_tokens", args.k),
         "--prompt-lookup-min": ("prompt_lookup_min", args.prompt_lookup_min),
         "--prompt-lookup-max": ("prompt_lookup_max", args.prompt_lookup_max),
     }
     given = {flag: fv for flag, fv in flags.items() if fv[1] is not None}
+    if args.method == PLAIN:
+        if given or args.draft is not None:
+            extra = [*given, *(["--draft"] if args.draft is not None else [])]
+            raise ValueError(f"--method {PLAIN} decodes without drafts; drop {', '.join(extra)}")
+        return None
+    embedded_draft = None
+    if args.model is None:  # the embedded target comes with its embedded draft
+        from verispec.config import default_speculative
+
+        embedded_draft = default_speculative(None).model
     if args.draft is None and args.method is None:
+        if args.model is None:
+            return SpecConfig(model=embedded_draft, **dict(given.values())) if given else "auto"
         if given:
             verb = "needs" if len(given) == 1 else "need"
             raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
@@ -66,7 +99,9 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
     if args.method is not None:
         options["method"] = args.method
         takes_draft = method_takes_draft(args.method)
-        if takes_draft and args.draft is None:
+        if takes_draft and args.draft is None and embedded_draft is not None:
+            options["model"] = embedded_draft
+        elif takes_draft and args.draft is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
         if not takes_draft and args.draft is not None:
             raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
@@ -88,12 +123,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `verispec` command; bad input exits 2 with a one-line message."""
     args = build_parser().parse_args(argv)
     try:
-        return _generate(args)
+        return _train(args) if args.command == "train" else _generate(args)
     except ValueError as e:
         print(f"verispec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from verispec.train.recipe import STAGES, Recipe, run_stage
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for stage in stages:
+        # 'all' keeps stages that are already done, so it can be rerun after an interruption
+        run_stage(stage, Path(args.out), Recipe(), resume=args.resume or args.stage == "all")
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -111,9 +164,10 @@ def _generate(args: argparse.Namespace) -> int:
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
     )  # fmt: skip
+    engine = llm.engine
+    spec = engine.config.speculative  # "auto" resolved
     out = llm.generate(args.prompt, params)[0]
     metrics = out.metrics.to_dict()
-    engine = llm.engine
     settings: dict[str, Any] = {
         "model": str(engine.model_path),
         "dtype": str(engine.model.dtype).removeprefix("torch."),

@@ -52,8 +52,9 @@ class EngineConfig:
     """Compute every token row on its own so its logits never depend on its batch mates
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
-    speculative: SpecConfig | None = None
-    """Speculative decoding; None = plain autoregressive decoding."""
+    speculative: SpecConfig | Literal["auto"] | None = "auto"
+    """Speculative decoding; None = plain autoregressive decoding; "auto" = the embedded draft
+    when model is None (the embedded target), else plain decoding."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -66,13 +67,19 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}"
             )
+        if isinstance(self.speculative, str):
+            if self.speculative != "auto":
+                raise ValueError(
+                    f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
+                )
+            self.speculative = default_speculative(self.model)
 
 
 @dataclass(slots=True)
 class SpecConfig:
     """Speculative decoding settings; key names follow vLLM's speculative_config."""
 
-    method: Literal["draft_model", "ngram"] = "draft_model"
+    method: str = "draft_model"
     """Where drafts come from (the registry in verispec/spec/registry.py lists them)."""
     model: str | None = None
     """Draft checkpoint directory or hub id (draft_model only)."""
@@ -105,3 +112,12 @@ class SpecConfig:
             )
         if self.method == "draft_model" and not self.model:
             raise ValueError("method 'draft_model' needs model= (a draft checkpoint or hub id)")
+
+
+def default_speculative(model: str | None) -> SpecConfig | None:
+    """What speculative="auto" means: the embedded draft for the embedded target, else None."""
+    if model is not None:
+        return None
+    from verispec.models.default import embedded_model_path
+
+    return SpecConfig(method="draft_model", model=str(embedded_model_path("draft")))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from tqdm import tqdm
 
@@ -16,7 +16,11 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """Load a model once, then generate for batches of prompts."""
+    """Load a model once, then generate for batches of prompts.
+
+    With no model, the embedded Python-code target is loaded and, unless speculative=None,
+    decoded speculatively with the embedded draft (speculative="auto").
+    """
 
     def __init__(
         self,
@@ -28,7 +32,7 @@ class LLM:
         block_size: int = 16,
         num_blocks: int | None = None,
         progress: bool = False,
-        speculative: SpecConfig | None = None,
+        speculative: SpecConfig | Literal["auto"] | None = "auto",
         **engine_options: Any,
     ) -> None:
         config = EngineConfig(

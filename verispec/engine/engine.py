@@ -41,7 +41,7 @@ class Engine:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        self.model_path = resolve_model_path(config.model or default_model_path(progress))
+        self.model_path = resolve_model_path(config.model or default_model_path())
         dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,

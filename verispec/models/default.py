@@ -1,65 +1,34 @@
-"""The default model used when none is named.
+"""The embedded default models: a small Python-code Llama and its distilled draft.
 
-Until the project's trained pair is embedded (issue 4), the default is a small Llama with random
-weights and a BPE tokenizer trained on verispec's own sources, created on first use in the user's
-cache directory. Its text is gibberish; it exists so the first command runs with no download.
+Both were trained by `verispec train all` on the Python standard library (see
+`verispec/models/embedded/MODEL_CARD.md`) and ship inside the package as fp16 safetensors, so
+the first command generates real text with no download. Loading upcasts them to the runtime's
+dtype (float32 on CPU).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from pathlib import Path
 
-DEMO_NAME = "verispec-demo-random-v1"
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+EMBEDDED_MODELS = ("target", "draft")
 
 
-def cache_dir() -> Path:
-    """$VERISPEC_CACHE, else $XDG_CACHE_HOME/verispec, else ~/.cache/verispec."""
-    if os.environ.get("VERISPEC_CACHE"):
-        return Path(os.environ["VERISPEC_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verispec"
-
-
-def default_model_path(progress: bool = False) -> Path:
-    """Directory of the default checkpoint, created on first use."""
-    path = cache_dir() / DEMO_NAME
+def embedded_model_path(which: str = "target") -> Path:
+    """Directory of the embedded target or draft checkpoint (Hugging Face format)."""
+    if which not in EMBEDDED_MODELS:
+        raise ValueError(
+            f"embedded model must be one of {', '.join(EMBEDDED_MODELS)}; got {which!r}"
+        )
+    path = EMBEDDED_DIR / which
     if not (path / "config.json").is_file():
-        if progress:
-            print(f"creating the demo checkpoint (random weights) in {path} ...", file=sys.stderr)
-        make_demo_checkpoint(path)
+        raise ValueError(
+            f"the embedded {which} model is missing from {path}; reinstall verispec, or rebuild it "
+            "with `verispec train all --out RUN` and copy RUN/export/{target,draft} there"
+        )
     return path
 
 
-def make_demo_checkpoint(path: Path, seed: int = 0) -> None:
-    """Write a ~6M-parameter random Llama with a 1024-token BPE tokenizer (atomic rename)."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
-
-    sources = sorted(Path(__file__).resolve().parents[1].rglob("*.py"))
-    tokenizer = train_bpe_tokenizer((p.read_text() for p in sources), vocab_size=1024)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(str(tmp))
-    GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    ).save_pretrained(str(tmp))  # fmt: skip
-    save_tokenizer(tokenizer, tmp)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp.rename(path)
-    except OSError:
-        shutil.rmtree(tmp)  # another process finished first
-        if not (path / "config.json").is_file():
-            raise
+def default_model_path() -> Path:
+    """The checkpoint used when no model is named: the embedded target."""
+    return embedded_model_path("target")

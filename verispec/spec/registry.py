@@ -28,6 +28,10 @@ _METHODS: dict[str, Callable[[SpecConfig, EngineConfig, TargetInfo], Proposer]] 
 }
 
 
+PLAIN = "none"
+"""The name benchmarks and the CLI give to plain decoding (no proposer)."""
+
+
 def method_names() -> tuple[str, ...]:
     """Names a SpecConfig may give as method."""
     return tuple(_METHODS)
