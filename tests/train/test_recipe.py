@@ -14,7 +14,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from verispec import LLM, SamplingParams
 from verispec.cli import main
 from verispec.train.corpus import stdlib_root
-from verispec.train.recipe import STAGES, ModelShape, Recipe, run_stage
+from verispec.train.recipe import (
+    STAGES,
+    ModelShape,
+    Recipe,
+    build_model,
+    init_from_target,
+    load_stage_model,
+    load_tokenizer,
+    run_stage,
+)
 from verispec.train.trainer import TrainConfig
 
 
@@ -23,7 +32,8 @@ def tiny_recipe(corpus: Path) -> Recipe:
     return Recipe(
         vocab_size=400,
         target=ModelShape(64, 128, 2, 4, 2, context_length=512),
-        draft=ModelShape(32, 64, 1, 2, 1, context_length=512),
+        draft=ModelShape(64, 128, 1, 4, 2, context_length=512),
+        draft_init_layers=(1,),
         target_train=TrainConfig(steps=4, seed=1, **steps),
         draft_train=TrainConfig(steps=3, seed=2, **steps),
         corpus_root=str(corpus),
@@ -78,6 +88,22 @@ def test_eval_report_has_losses_acceptance_and_samples(run: Path) -> None:
     assert len(report["samples"]) == 3 and all(s["prompt"] for s in report["samples"])
     recipe = json.loads((run / "export" / "recipe.json").read_text())
     assert recipe["target"]["hidden_size"] == 64
+
+
+def test_draft_starts_from_the_target_layers(run: Path, corpus: Path) -> None:
+    recipe = tiny_recipe(corpus)
+    target = load_stage_model(run, recipe, "target")
+    draft = build_model(recipe.draft, load_tokenizer(run), seed=5)
+    init_from_target(draft, target, (1,))
+    copied = target.model.layers[1].state_dict()
+    for name, tensor in draft.model.layers[0].state_dict().items():
+        assert torch.equal(tensor, copied[name]), name
+    assert torch.equal(draft.model.norm.weight, target.model.norm.weight)
+    assert torch.equal(draft.lm_head.weight, target.model.embed_tokens.weight)  # tied
+    with pytest.raises(ValueError, match="names 2 layers"):
+        init_from_target(draft, target, (0, 1))
+    with pytest.raises(ValueError, match="cannot initialise"):
+        init_from_target(draft, target, (7,))
 
 
 def test_rerunning_a_stage_needs_resume(run: Path, corpus: Path) -> None:

@@ -74,9 +74,14 @@ class Recipe:
 
     vocab_size: int = 8192
     target: ModelShape = field(default_factory=lambda: ModelShape(512, 1408, 6, 8, 4))
-    draft: ModelShape = field(default_factory=lambda: ModelShape(256, 704, 2, 4, 2))
+    draft: ModelShape = field(default_factory=lambda: ModelShape(512, 1408, 2, 8, 4))
+    draft_init_layers: tuple[int, ...] | None = (0, 5)
+    """Target layers copied into the draft's layers before distillation (with the embeddings
+    and final norm); None = a random draft. Needs equal widths."""
     target_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1200, seed=1))
-    draft_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1000, seed=2))
+    draft_train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(steps=600, seed=2, lr=1e-3, warmup_steps=30)
+    )
     seed: int = 0  # weight initialisation
     corpus_root: str | None = None  # None = the running interpreter's standard library
     eval_prompts: int = 32  # held-out code-completion prompts for the acceptance figure
@@ -183,12 +188,42 @@ def _draft(run_dir: Path, recipe: Recipe, resume: bool, progress: bool) -> None:
     tokenizer = load_tokenizer(run_dir)
     teacher = load_stage_model(run_dir, recipe, "target")
     model = build_model(recipe.draft, tokenizer, recipe.seed + 1)
+    if recipe.draft_init_layers is not None:
+        init_from_target(model, teacher, recipe.draft_init_layers)
     n = sum(p.numel() for p in model.parameters())
     _log(progress, f"draft: {n / 1e6:.1f}M parameters, distilled from the target")
     train(
         model, load_tokens(run_dir, "train"), recipe.draft_train, run_dir / "draft",
         distillation_objective(teacher), resume=resume, progress=progress, desc="draft",
     )  # fmt: skip
+
+
+def init_from_target(
+    draft: LlamaForCausalLM, target: LlamaForCausalLM, layers: tuple[int, ...]
+) -> None:
+    """Copy the target's embeddings, final norm and the given layers into the draft's layers.
+
+    E.g. layers=(0, 5) makes a 2-layer draft start as the target with layers 1-4 skipped, a
+    better starting point for distillation than random weights.
+    """
+    if len(layers) != draft.config.num_hidden_layers:
+        raise ValueError(
+            f"draft_init_layers names {len(layers)} layers; the draft has "
+            f"{draft.config.num_hidden_layers}"
+        )
+    if draft.config.hidden_size != target.config.hidden_size or not all(
+        0 <= i < target.config.num_hidden_layers for i in layers
+    ):
+        raise ValueError(
+            f"cannot initialise the draft from target layers {layers}: widths "
+            f"{draft.config.hidden_size} vs {target.config.hidden_size}, target has "
+            f"{target.config.num_hidden_layers} layers"
+        )
+    with torch.no_grad():
+        draft.model.embed_tokens.load_state_dict(target.model.embed_tokens.state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+        for mine, theirs in zip(draft.model.layers, layers, strict=True):
+            mine.load_state_dict(target.model.layers[theirs].state_dict())
 
 
 def _export(run_dir: Path, recipe: Recipe, resume: bool, progress: bool) -> None:
