@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
-from verispec.bench.workloads import code_completion_prompts, spread
+import pytest
+
+from verispec.bench.workloads import (
+    BUILT_WITH_PYTHON,
+    MAX_PROMPT_CHARS,
+    WORKLOADS,
+    build_workload,
+    code_completion_prompts,
+    edit_prompts,
+    free_prompts,
+    spread,
+)
 from verispec.train.corpus import corpus_files
 
 SOURCE = '''import os
@@ -55,3 +67,31 @@ def test_spread() -> None:
     assert spread(list(range(10)), 3) == [0, 3, 6]
     assert spread([1, 2], 5) == [1, 2]
     assert spread([], 2) == []
+
+
+def test_edit_prompts_ask_for_the_function_again_renamed(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(SOURCE)
+    prompts = edit_prompts([path])
+    assert [p.id for p in prompts] == ["mod.documented:4", "mod.other:20"]
+    other = prompts[1].text
+    assert other.startswith('# Original version:\ndef other(self, y):\n    "One line."\n')
+    assert other.endswith("renamed to other_v2, otherwise unchanged:\ndef other_v2(self, y):\n")
+
+
+def test_free_prompts_start_at_the_module_and_each_top_level_definition(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(SOURCE)
+    prompts = free_prompts([path], lines_per_prompt=2)
+    assert [p.id for p in prompts] == ["mod:1", "mod:4", "mod:12", "mod:16"]
+    assert prompts[2].text == "def bare(x):\n    return x\n"
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_shipped_prompt_files(name: str) -> None:
+    workload = WORKLOADS[name]
+    prompts = workload.prompts()
+    assert len(prompts) == workload.num_prompts and len(workload.prompts(4)) == 4
+    assert all(len(p.text) <= MAX_PROMPT_CHARS for p in prompts)
+    if platform.python_version() == BUILT_WITH_PYTHON:  # same stdlib: the files rebuild exactly
+        assert build_workload(workload, corpus_files("heldout")) == prompts

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -29,15 +32,23 @@ def code_completion_prompts(files: list[Path]) -> list[Prompt]:
     for path in files:
         source = path.read_text(encoding="utf-8")
         lines = source.splitlines(keepends=True)
-        nodes = [
-            n for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-            and ast.get_docstring(n) is not None and len(n.body) > 1
-        ]  # fmt: skip
-        for node in sorted(nodes, key=lambda n: n.lineno):
+        for node in _documented_functions(source):
             text = "".join(lines[node.lineno - 1 : node.body[0].end_lineno])
             prompts.append(Prompt(f"{path.stem}.{node.name}:{node.lineno}", text))
     return prompts
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _documented_functions(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Functions (and methods) with a docstring and more than the docstring, by line."""
+    nodes = [
+        n for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and ast.get_docstring(n) is not None and len(n.body) > 1
+    ]  # fmt: skip
+    return sorted(nodes, key=lambda n: n.lineno)
 
 
 def spread(items: list[T], n: int) -> list[T]:
@@ -46,3 +57,112 @@ def spread(items: list[T], n: int) -> list[T]:
         return list(items)
     step = len(items) / n
     return [items[int(i * step)] for i in range(n)]
+
+
+def edit_prompts(files: list[Path]) -> list[Prompt]:
+    """Each documented function shown whole, then asked for again under a new name.
+
+    The prompt is the function, a comment asking for the same function renamed to NAME_v2,
+    and the renamed def line; a code model then copies most of the body from the prompt, the
+    home ground of prompt lookup. Methods are dedented to module level. Order as in
+    code_completion_prompts.
+    """
+    prompts = []
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines(keepends=True)
+        for node in _documented_functions(source):
+            block = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno]))
+            header = block.split("\n", 1)[0]
+            if f"def {node.name}(" not in header:
+                continue  # decorated or unusual layout: skip rather than guess
+            renamed = header.replace(f"def {node.name}(", f"def {node.name}_v2(", 1)
+            text = (
+                f"# Original version:\n{block}\n\n"
+                f"# The same function renamed to {node.name}_v2, otherwise unchanged:\n{renamed}\n"
+            )
+            prompts.append(Prompt(f"{path.stem}.{node.name}:{node.lineno}", text))
+    return prompts
+
+
+def free_prompts(files: list[Path], lines_per_prompt: int = 12) -> list[Prompt]:
+    """Open continuation: the first lines of each top-level class or function (and the module's
+    first lines), to be continued freely (sampled at temperature 1.0 in the benchmark)."""
+    prompts = []
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines(keepends=True)
+        starts = [1] + [n.lineno for n in ast.parse(source).body if isinstance(n, _DEFS)]
+        for start in starts:
+            text = "".join(lines[start - 1 : start - 1 + lines_per_prompt])
+            if text.strip():
+                prompts.append(Prompt(f"{path.stem}:{start}", text))
+    return prompts
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named prompt set shipped in verispec/bench/prompts/NAME.jsonl."""
+
+    name: str
+    description: str
+    max_tokens: int
+    num_prompts: int  # prompts in the shipped file
+
+    @property
+    def path(self) -> Path:
+        return PROMPTS_DIR / f"{self.name}.jsonl"
+
+    def prompts(self, n: int | None = None) -> list[Prompt]:
+        """The shipped prompts (n of them, spread over the file; all when n is None)."""
+        if not self.path.is_file():
+            raise ValueError(f"workload file {self.path} is missing; reinstall verispec")
+        with self.path.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        prompts = [Prompt(r["id"], r["prompt"]) for r in rows]
+        return prompts if n is None else spread(prompts, n)
+
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+BUILT_WITH_PYTHON = "3.11.7"  # whose standard library the shipped prompt files come from
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("code", "complete a function from its signature and docstring", 128, 32),
+        Workload("edit", "repeat a function under a new name (mostly copied)", 192, 16),
+        Workload("free", "open continuation of a module or definition", 128, 16),
+    )
+}
+_BUILDERS = {"code": code_completion_prompts, "edit": edit_prompts, "free": free_prompts}
+MAX_PROMPT_CHARS = 1500  # keeps prompt + output well inside the embedded models' 1024 tokens
+
+
+def build_workload(
+    workload: Workload,
+    files: list[Path],
+    num_prompts: int | None = None,
+    fits: Callable[[str], bool] | None = None,
+) -> list[Prompt]:
+    """The prompts of a workload built from source files (the held-out modules): those of at
+    most MAX_PROMPT_CHARS characters (and passing `fits`), spread to num_prompts."""
+    candidates = [
+        p for p in _BUILDERS[workload.name](files)
+        if len(p.text) <= MAX_PROMPT_CHARS and (fits is None or fits(p.text))
+    ]  # fmt: skip
+    return spread(candidates, num_prompts or workload.num_prompts)
+
+
+def write_workload_files() -> None:
+    """Rebuild every shipped prompt file from the running interpreter's held-out modules."""
+    from verispec.train.corpus import corpus_files
+
+    PROMPTS_DIR.mkdir(exist_ok=True)
+    files = corpus_files("heldout")
+    for workload in WORKLOADS.values():
+        with workload.path.open("w", encoding="utf-8") as f:
+            for p in build_workload(workload, files):
+                f.write(json.dumps({"id": p.id, "prompt": p.text}) + "\n")
+
+
+if __name__ == "__main__":  # python -m verispec.bench.workloads: rebuild the prompt files
+    write_workload_files()

@@ -278,14 +278,14 @@ def evaluate_pair(
 ) -> dict[str, Any]:
     """Held-out loss of both checkpoints (fp32) and greedy acceptance of the draft.
 
-    Acceptance uses recipe.eval_prompts code-completion prompts spread over the held-out
-    modules (those that fit the context with their output), recipe.eval_max_tokens tokens each,
-    temperature 0, k = recipe.eval_k.
+    Acceptance uses the `code` workload's prompts built from the held-out modules (those that
+    fit the context with their output; with the default recipe, the shipped code.jsonl),
+    recipe.eval_max_tokens tokens each, temperature 0, k = recipe.eval_k.
     """
     from transformers import AutoModelForCausalLM
 
     from verispec import LLM, SamplingParams, SpecConfig
-    from verispec.bench.workloads import code_completion_prompts, spread
+    from verispec.bench.workloads import WORKLOADS, build_workload, spread
     from verispec.metrics import SpecStats
 
     report: dict[str, Any] = {}
@@ -301,13 +301,12 @@ def evaluate_pair(
         speculative=SpecConfig(model=str(draft), num_speculative_tokens=recipe.eval_k),
     )  # fmt: skip
     room = llm.engine.max_model_len - recipe.eval_max_tokens  # prompts that fit with their output
-    fitting = [
-        p for p in code_completion_prompts(recipe.files("heldout"))
-        if len(llm.tokenizer(p.text).input_ids) <= room
-    ]  # fmt: skip
-    if not fitting:
+    prompts = build_workload(
+        WORKLOADS["code"], recipe.files("heldout"), num_prompts=recipe.eval_prompts,
+        fits=lambda text: len(llm.tokenizer(text).input_ids) <= room,
+    )  # fmt: skip
+    if not prompts:
         raise ValueError(f"no held-out prompt fits in {room} tokens; raise the context length")
-    prompts = spread(fitting, recipe.eval_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=recipe.eval_max_tokens)
     outputs = llm.generate([p.text for p in prompts], params)
     stats = SpecStats()
