@@ -50,7 +50,50 @@ def build_parser() -> argparse.ArgumentParser:
                      help="logits independent of batch mates: speculative greedy output equals "
                      "plain greedy output bit for bit (slower)")  # fmt: skip
     _add_train_parser(sub)
+    _add_bench_parser(sub)
     return parser
+
+
+def _csv(kind: type) -> Any:
+    """An argparse type for comma-separated values: '2,4,8' -> (2, 4, 8)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser(
+        "bench", help="benchmark speculative decoding against plain decoding and transformers",
+        description="Runs every configuration interleaved with plain decoding of the same engine "
+        "(speedups are ratios measured side by side), verispec and transformers on the same "
+        "weights and prompts; prints a table, optionally JSON and PNG plots.",
+    )  # fmt: skip
+    bench.add_argument("--quick", action="store_true",
+                       help="each method on its home workload, k=4, 3 prompts, 2 repeats")  # fmt: skip
+    bench.add_argument("--target", default=None, help="target checkpoint (embedded target)")
+    bench.add_argument("--draft", default=None, help="draft checkpoint (embedded draft)")
+    bench.add_argument("--workloads", type=_csv(str), default=None, help="code,edit,free")
+    bench.add_argument("--methods", type=_csv(str), default=None,
+                       help=f"speculative methods ({','.join(method_names())})")  # fmt: skip
+    bench.add_argument("--k", type=_csv(int), default=None, help="k values (2,4,8)")
+    bench.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
+    bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
+    bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (all)")
+    bench.add_argument("--max-tokens", type=int, default=None, help="(each workload's own)")
+    bench.add_argument("--repeats", type=int, default=None, help="measured repeats (3)")
+    bench.add_argument("--concurrency", type=_csv(int), default=None, help="(1)")
+    bench.add_argument("--engines", type=_csv(str), default=None, help="verispec,transformers")
+    bench.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
+    bench.add_argument("--no-verify-cost", action="store_true", help="skip the q curve")
+    bench.add_argument("--json", default=None, metavar="PATH", help="write settings and rows")
+    bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots")
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -123,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `verispec` command; bad input exits 2 with a one-line message."""
     args = build_parser().parse_args(argv)
     try:
-        return _train(args) if args.command == "train" else _generate(args)
+        commands = {"train": _train, "bench": _bench, "generate": _generate}
+        return commands[args.command](args)
     except ValueError as e:
         print(f"verispec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -147,6 +191,12 @@ def _train(args: argparse.Namespace) -> int:
         # 'all' keeps stages that are already done, so it can be rerun after an interruption
         run_stage(stage, Path(args.out), Recipe(), resume=args.resume or args.stage == "all")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from verispec.bench.main import bench_config, run
+
+    return run(bench_config(args), args)
 
 
 def _generate(args: argparse.Namespace) -> int:

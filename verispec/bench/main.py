@@ -1,0 +1,142 @@
+"""`verispec bench`: settings, progress, the run, and its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from verispec.bench.harness import BenchConfig, run_bench
+from verispec.bench.report import table, verify_table, write_json, write_plots
+from verispec.bench.verify_cost import random_llama_125m, verify_cost_curve
+
+QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
+VERIFY_REPEATS = {"quick": 3, "full": 10}
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The BenchConfig the options ask for: the quick preset or the full defaults, then any
+    explicit option on top; default models are the embedded pair."""
+    from verispec.models.default import embedded_model_path
+
+    options: dict[str, Any] = dict(QUICK) if args.quick else {}
+    for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
+                 "repeats", "concurrency", "engines"):  # fmt: skip
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.k is not None:
+        options["ks"] = args.k
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        options["threads"] = args.threads
+    else:
+        import torch
+
+        options["threads"] = torch.get_num_threads()
+    target = Path(args.target) if args.target else embedded_model_path("target")
+    draft = Path(args.draft) if args.draft else embedded_model_path("draft")
+    for flag, path in (("--target", target), ("--draft", draft)):
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{flag} {path}: not a checkpoint directory (no config.json)")
+    return BenchConfig(target=target, draft=draft, **options)
+
+
+def settings(config: BenchConfig) -> dict[str, Any]:
+    """Everything needed to read (and rerun) the figures."""
+    import torch
+    import transformers
+
+    from verispec import __version__
+
+    fields = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
+    }
+    return {
+        **fields,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "verispec": __version__,
+        "load_average_before": os.getloadavg()[0],
+        "command": " ".join(["verispec", *sys.argv[1:]]) if sys.argv else "verispec bench",
+    }
+
+
+def run(config: BenchConfig, args: argparse.Namespace) -> int:
+    """Run the benchmark, print the table, write JSON and plots when asked."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(config.threads)
+    info = settings(config)
+    print(_settings_line(info), file=sys.stderr, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(config.target))
+    bars: list[Any] = []
+
+    def tick_total(total: int) -> Any:
+        bars.append(tqdm(total=total, desc="bench", unit="round", file=sys.stderr))
+        return lambda: bars[0].update(1)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    rows = run_bench(config, lambda text: tokenizer(text).input_ids, log, tick_total)
+    for bar in bars:
+        bar.close()
+    curve: list[dict[str, Any]] = []
+    if not args.no_verify_cost:
+        repeats = VERIFY_REPEATS[config.plan]
+        log("verification-cost curve ...")
+        for label, path in (
+            ("embedded-target", config.target),
+            ("llama-125m-random", random_llama_125m()),
+        ):
+            curve += [
+                dataclasses.asdict(p) for p in verify_cost_curve(path, label, repeats=repeats)
+            ]
+    info["load_average_after"] = os.getloadavg()[0]
+    print(_settings_line(info))
+    print(table(rows))
+    if curve:
+        print("\nverification cost, t(q) / t(1), warm 256-token cache:")
+        print(verify_table(curve))
+    if args.json:
+        write_json(Path(args.json), info, rows, curve)
+        log(f"wrote {args.json}")
+    if args.plot:
+        for path in write_plots(Path(args.plot), rows, curve):
+            log(f"wrote {path}")
+    return 0
+
+
+def _settings_line(info: dict[str, Any]) -> str:
+    keys = ("target", "draft", "dtype", "threads", "plan", "prompts", "max_tokens", "repeats",
+            "top_p", "cpu", "torch", "transformers", "load_average_before")  # fmt: skip
+    return "settings: " + ", ".join(f"{k}={info.get(k)}" for k in keys)
+
+
+def _cpu_model() -> str:
+    """Model name and vector extensions from /proc/cpuinfo (else platform's guess)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    isa = [
+        f
+        for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+        if f in info.get("flags", "").split()
+    ]
+    return f"{info.get('model name', 'unknown')} ({' '.join(isa)}; {os.cpu_count()} cpus)"

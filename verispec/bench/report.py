@@ -1,0 +1,153 @@
+"""Benchmark output: a terminal table, one JSON object, PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from verispec.spec.registry import PLAIN
+
+COLUMNS = (  # (header, row field, format, scale)
+    ("engine", "engine", "s", 1),
+    ("method", "method", "s", 1),
+    ("k", "k", "d", 1),
+    ("T", "temperature", "g", 1),
+    ("top_p", "top_p", "g", 1),
+    ("workload", "workload", "s", 1),
+    ("conc", "concurrency", "d", 1),
+    ("tok/s", "tokens_per_s", ".1f", 1),
+    ("TTFT ms", "ttft_s_median", ".0f", 1e3),
+    ("p90", "ttft_s_p90", ".0f", 1e3),
+    ("ITL ms", "itl_s_median", ".1f", 1e3),
+    ("p90", "itl_s_p90", ".1f", 1e3),
+    ("accept", "acceptance_rate", ".2f", 1),
+    ("len", "mean_acceptance_length", ".2f", 1),
+    ("speedup", "speedup", ".2f", 1),
+    ("predicted", "predicted_speedup", ".2f", 1),
+    ("c", "draft_cost_ratio", ".2f", 1),
+    ("=plain", "greedy_mismatches", "d", 1),
+)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Rows as aligned text; '-' where a figure does not apply (e.g. acceptance of plain)."""
+    cells = [[h for h, *_ in COLUMNS]]
+    for row in rows:
+        line = []
+        for _, key, spec, scale in COLUMNS:
+            value = row.get(key)
+            if key == "greedy_mismatches" and value is not None:
+                line.append("yes" if value == 0 else f"{value} differ")
+            elif value is None or (key == "k" and row["method"] == PLAIN):
+                line.append("-")
+            else:
+                line.append(format(value * scale if scale != 1 else value, spec))
+        cells.append(line)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(
+            c.rjust(w) if i > 5 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in cells
+    )
+
+
+def verify_table(curve: list[dict[str, Any]]) -> str:
+    """The verification-cost curve: one line per model, t(q) in ms and t(q)/t(1)."""
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in curve):
+        points = [p for p in curve if p["model"] == model]
+        cells = ", ".join(f"q={p['q']}: {p['ms']:.1f} ms ({p['ratio']:.2f}x)" for p in points)
+        lines.append(f"{model}: {cells}")
+    return "\n".join(lines)
+
+
+def write_json(
+    path: Path, settings: dict[str, Any], rows: list[dict[str, Any]], curve: list[dict[str, Any]]
+) -> None:
+    """One object: settings, rows, verify_cost."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"settings": settings, "rows": rows, "verify_cost": curve}, indent=1) + "\n"
+    )
+
+
+def write_plots(
+    directory: Path, rows: list[dict[str, Any]], curve: list[dict[str, Any]]
+) -> list[Path]:
+    """speedup_vs_k.png, acceptance_per_position.png, verify_cost.png (and speedup vs
+    concurrency when more than one concurrency was run); returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    spec_rows = [r for r in rows if r["method"] != PLAIN and r["concurrency"] == 1]
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[tuple, list[tuple[int, float]]] = {}
+    for r in spec_rows:
+        key = (r["engine"], r["method"], r["workload"], r["temperature"])
+        series.setdefault(key, []).append((r["k"], r["speedup"]))
+    for (engine, method, workload, temperature), points in sorted(series.items()):
+        ks, speedups = zip(*sorted(points), strict=True)
+        ax.plot(ks, speedups, marker="o", label=f"{engine} {method} {workload} T={temperature:g}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xlabel="k (draft tokens per step)", ylabel="speedup over plain (same engine)",
+           title="Speedup vs k")  # fmt: skip
+    ax.legend(fontsize=7)
+    written.append(_save(fig, directory / "speedup_vs_k.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in spec_rows:
+        rates = r["per_position_acceptance_rate"]
+        if rates and r["k"] == max(x["k"] for x in spec_rows):
+            label = f"{r['engine']} {r['method']} {r['workload']} T={r['temperature']:g}"
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
+    ax.set(xlabel="draft position", ylabel="fraction of steps accepting it", ylim=(0, 1),
+           title="Acceptance per position (largest k)")  # fmt: skip
+    ax.legend(fontsize=7)
+    written.append(_save(fig, directory / "acceptance_per_position.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model in dict.fromkeys(p["model"] for p in curve):
+        points = [p for p in curve if p["model"] == model]
+        ax.plot([p["q"] for p in points], [p["ratio"] for p in points], marker="o", label=model)
+    ax.set(
+        xlabel="q (new tokens in one forward)",
+        ylabel="t(q) / t(1)",
+        xscale="log",
+        title="Verification cost",
+    )
+    qs = sorted({p["q"] for p in curve})
+    ax.set_xticks(qs, labels=[str(q) for q in qs])
+    ax.legend()
+    written.append(_save(fig, directory / "verify_cost.png"))
+
+    if len({r["concurrency"] for r in rows}) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        conc: dict[tuple, list[tuple[int, float]]] = {}
+        for r in rows:
+            if r["method"] != PLAIN:
+                key = (r["engine"], r["method"], r["k"], r["workload"], r["temperature"])
+                conc.setdefault(key, []).append((r["concurrency"], r["speedup"]))
+        for key, points in sorted(conc.items()):
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=" ".join(map(str, key)))
+        ax.set(xlabel="concurrency", ylabel="speedup over plain", title="Speedup vs concurrency")
+        ax.legend(fontsize=7)
+        written.append(_save(fig, directory / "speedup_vs_concurrency.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,108 @@
+"""The verification-cost curve: time of one target forward over q new tokens, warm cache.
+
+Speculative decoding pays only if checking q = 1 + k tokens costs about what producing one
+does; this curve measures that ratio, t(q) / t(1), directly in verispec's runtime.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.batch import ForwardBatch, SeqChunk
+from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.loader import load_model
+
+QS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """One point of the curve."""
+
+    model: str  # a label, e.g. "embedded-target"
+    q: int
+    ms: float  # median time of one forward over q new tokens
+    ratio: float  # ms / ms at q = 1
+
+
+def verify_cost_curve(
+    path: Path,
+    label: str,
+    qs: tuple[int, ...] = QS,
+    context: int = 256,
+    repeats: int = 10,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> list[VerifyCost]:
+    """Median forward time for each q over `repeats` rounds (q values interleaved within each
+    round), each forward on top of the same warm `context`-token cache, logits for all q rows
+    (as verification needs). q = 1 must be among qs (the ratio's denominator)."""
+    if 1 not in qs:
+        raise ValueError("qs must include 1, the denominator of the ratios")
+    model = load_model(path, dtype, torch.device(device))
+    block_size = 16
+    num_blocks = (context + max(qs)) // block_size + 2
+    kv = model.new_kv_cache(num_blocks, block_size)
+    table = BlockTable(BlockAllocator(num_blocks), block_size)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (context + max(qs),), generator=gen).tolist()
+
+    def forward(start: int, tokens: list[int], num_logits: int) -> None:
+        slots = table.append_slots(len(tokens))
+        chunk = SeqChunk(tokens, start, slots, list(table.blocks), num_logits)
+        model.forward(ForwardBatch.build([chunk], block_size, device), kv)
+
+    with torch.inference_mode():
+        forward(0, ids[:context], 1)  # the warm cache every measurement builds on
+        times: dict[int, list[float]] = {q: [] for q in qs}
+        for round_ in range(repeats + 1):  # round 0 warms up every shape
+            for q in qs:
+                started = time.perf_counter()
+                forward(context, ids[context : context + q], q)
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - started
+                table.truncate(context)  # roll back, as a rejected draft would be
+                if round_:
+                    times[q].append(elapsed)
+    base = statistics.median(times[1])
+    return [
+        VerifyCost(label, q, 1e3 * statistics.median(times[q]), statistics.median(times[q]) / base)
+        for q in qs
+    ]
+
+
+def cache_dir() -> Path:
+    """Where made benchmark models live: $VERISPEC_CACHE, else ~/.cache/verispec."""
+    import os
+
+    root = os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec"
+    return Path(root) / "bench"
+
+
+def random_llama_125m() -> Path:
+    """A random-weight Llama of the ~125M shape (hidden 768, 12 layers, 12 heads, MLP 3072,
+    vocab 32000, untied head), made once in the cache (seed 0); no tokenizer (ids only)."""
+    import os
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = cache_dir() / "llama-125m-random"
+    if (path / "config.json").is_file():
+        return path
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    LlamaForCausalLM(config).save_pretrained(str(tmp))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(path)
+    return path
