@@ -75,8 +75,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "(speedups are ratios measured side by side), verispec and transformers on the same "
         "weights and prompts; prints a table, optionally JSON and PNG plots.",
     )  # fmt: skip
-    bench.add_argument("--quick", action="store_true",
-                       help="each method on its home workload, k=4, 3 prompts, 2 repeats")  # fmt: skip
+    quick = "each method on its home workload, k=4, 3 prompts, 2 repeats"
+    bench.add_argument("--quick", action="store_true", help=quick)
     bench.add_argument("--target", default=None, help="target checkpoint (embedded target)")
     bench.add_argument("--draft", default=None, help="draft checkpoint (embedded draft)")
     bench.add_argument("--workloads", type=_csv(str), default=None, help="code,edit,free")
