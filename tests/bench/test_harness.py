@@ -1,0 +1,124 @@
+"""The bench harness: formulas, the plan, and `verispec bench` end to end on a tiny pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import make_checkpoint, make_perturbed_copy
+
+from verispec.bench.harness import (
+    BenchConfig,
+    alpha_from_length,
+    home_workloads,
+    percentile,
+    plan_groups,
+    predicted_speedup,
+    tokens_per_step,
+)
+from verispec.bench.verify_cost import verify_cost_curve
+from verispec.cli import main, method_takes_draft
+from verispec.spec.registry import PLAIN, method_names
+
+ROW_FIELDS = {
+    "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",
+    "ttft_s_median", "ttft_s_p90", "itl_s_median", "itl_s_p90", "acceptance_rate",
+    "mean_acceptance_length", "per_position_acceptance_rate", "speedup", "predicted_speedup",
+    "dtype", "threads",
+}  # fmt: skip
+
+
+def test_formulas_worked_examples() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 90) == 5
+    assert tokens_per_step(0.5, 2) == pytest.approx(1.75) and tokens_per_step(1.0, 4) == 5
+    assert predicted_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    assert predicted_speedup(None, 2, 0.1) is None
+    assert alpha_from_length(tokens_per_step(0.7, 4), 4) == pytest.approx(0.7, abs=1e-9)
+
+
+def test_plans() -> None:
+    config = BenchConfig(Path("t"), Path("d"), ks=(2, 4), temperatures=(0.0, 1.0))
+    full = plan_groups(config, home_workloads())
+    assert [(g.workload, g.temperature) for g in full] == [
+        ("code", 0.0), ("code", 1.0), ("edit", 0.0), ("edit", 1.0), ("free", 1.0)
+    ]  # fmt: skip
+    assert all(len(g.methods) == 2 * len(method_names()) for g in full)
+    quick = plan_groups(BenchConfig(Path("t"), Path("d"), ks=(4,), plan="quick"), home_workloads())
+    for g in quick:
+        methods = {m.method for m in g.methods}
+        if g.workload == "code":
+            assert methods == {m for m in method_names() if method_takes_draft(m)}
+        if g.workload == "edit":
+            assert methods == {m for m in method_names() if not method_takes_draft(m)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workloads": ("poems",)}, "workload must be one of"),
+        ({"methods": ("magic",)}, "method must be one of"),
+        ({"engines": ("vllm",)}, "engine must be one of"),
+        ({"ks": (0,)}, "k values must be >= 1"),
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"repeats": 0}, "repeats and prompts"),
+    ],
+)
+def test_bad_config_is_a_value_error(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(Path("t"), Path("d"), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
+    """A tiny target with a long context (the workload prompts are long) and its perturbed copy."""
+    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
+    model = make_checkpoint(target, "llama", tokenizer, layer_scale=8.0,
+                            max_position_embeddings=2048)  # fmt: skip
+    make_perturbed_copy(draft, model, tokenizer, 0.03)
+    return target, draft
+
+
+def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    target, draft = pair
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    args = ["bench", "--quick", "--target", str(target), "--draft", str(draft), "--prompts", "2",
+            "--max-tokens", "8", "--repeats", "1", "--no-verify-cost", "--json", str(out),
+            "--plot", str(plots)]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "settings:" in printed and "speedup" in printed
+    result = json.loads(out.read_text())
+    assert result["settings"]["plan"] == "quick" and result["verify_cost"] == []
+    rows = result["rows"]
+    assert {(r["engine"], r["method"]) for r in rows} == {
+        (e, m) for e in ("verispec", "transformers") for m in (PLAIN, *method_names())
+    }
+    assert {r["temperature"] for r in rows} == {0.0, 1.0}
+    for r in rows:
+        assert ROW_FIELDS <= r.keys()
+        assert r["tokens_per_s"] > 0 and r["ttft_s_median"] > 0
+        if r["temperature"] == 0:  # every engine and method gives plain greedy's token ids
+            assert r["greedy_mismatches"] == 0, r
+        if r["method"] != PLAIN and r["engine"] == "verispec":
+            assert r["acceptance_rate"] is not None or r["workload"] != "code"
+    names = sorted(p.name for p in plots.iterdir())
+    assert names == ["acceptance_per_position.png", "speedup_vs_k.png", "verify_cost.png"]
+
+
+def test_bench_bad_options_exit_2(pair: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    target, _ = pair
+    assert main(["bench", "--target", str(tmp_path), "--draft", str(target)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main(["bench", "--target", str(target), "--draft", str(target), "--k", "0"]) == 2
+    assert "k values must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--k", "two"])
+
+
+def test_verify_cost_curve_shape(pair: tuple[Path, Path]) -> None:
+    curve = verify_cost_curve(pair[0], "tiny", qs=(1, 2, 4), context=32, repeats=2)
+    assert [p.q for p in curve] == [1, 2, 4] and curve[0].ratio == 1.0
+    assert all(p.ms > 0 and p.model == "tiny" for p in curve)
+    with pytest.raises(ValueError, match="must include 1"):
+        verify_cost_curve(pair[0], "tiny", qs=(2, 4))
