@@ -99,7 +99,7 @@ class VerispecEngine:
         if spec.method != PLAIN:
             speculative = SpecConfig(
                 method=spec.method, num_speculative_tokens=spec.k,
-                model=str(draft) if _takes_draft(spec.method) else None,
+                model=str(draft) if takes_draft(spec.method) else None,
                 prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max,
             )  # fmt: skip
         self.llm = LLM(model=str(target), dtype=dtype, device=device, speculative=speculative)
@@ -141,7 +141,7 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch_dtype).eval()
         self.model.to(device)
         self.options: dict[str, Any] = {}
-        if spec.method != PLAIN and _takes_draft(spec.method):
+        if spec.method != PLAIN and takes_draft(spec.method):
             if draft is None:
                 raise ValueError(f"method {spec.method} needs a draft checkpoint")
             assistant = AutoModelForCausalLM.from_pretrained(str(draft), dtype=torch_dtype).eval()
@@ -186,7 +186,8 @@ class TransformersEngine:
         return RequestRun(token_ids, ttft, gaps[: max(0, len(token_ids) - 1)], stats)
 
 
-def _takes_draft(method: str) -> bool:
+def takes_draft(method: str) -> bool:
+    """Whether a registry method drafts with a draft model (asked of SpecConfig via the CLI)."""
     from verispec.cli import method_takes_draft
 
     return method_takes_draft(method)

@@ -22,6 +22,7 @@ from verispec.bench.engines import (
     Sampling,
     TransformersEngine,
     VerispecEngine,
+    takes_draft,
 )
 from verispec.bench.workloads import WORKLOADS
 from verispec.metrics import SpecStats
@@ -155,7 +156,7 @@ def summarise(
         a.tokens_per_s / b.tokens_per_s for a, b in zip(m.runs, m.plain_runs, strict=True)
     )
     k = m.k
-    cost = 0.0 if m.method != PLAIN and not _draft_based(m.method) else draft_cost
+    cost = 0.0 if m.method != PLAIN and not takes_draft(m.method) else draft_cost
     predicted = None
     if m.method != PLAIN and cost is not None:
         predicted = predicted_speedup(alpha_from_length(stats.mean_acceptance_length, k), k, cost)
@@ -185,12 +186,6 @@ def summarise(
         "draft_cost_ratio": cost if m.method != PLAIN else None,
         "predicted_speedup": predicted,
     }
-
-
-def _draft_based(method: str) -> bool:
-    from verispec.cli import method_takes_draft
-
-    return method_takes_draft(method)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -230,7 +225,7 @@ def alpha_from_length(length: float | None, k: int) -> float | None:
 
 def home_workloads() -> dict[str, str]:
     """The workload each method is made for: draft models on `code`, prompt lookup on `edit`."""
-    return {m: "code" if _draft_based(m) else "edit" for m in method_names()}
+    return {m: "code" if takes_draft(m) else "edit" for m in method_names()}
 
 
 def load_engines(
@@ -243,7 +238,7 @@ def load_engines(
         cls = ENGINES[name]
         progress(f"loading {name} engines ...")
         engines[(name, PLAIN, 0)] = cls(config.target, None, MethodSpec(), config.dtype)
-        if any(_draft_based(m) for m, _ in needed):
+        if any(takes_draft(m) for m, _ in needed):
             engines[(name, DRAFT_ALONE, 0)] = cls(config.draft, None, MethodSpec(), config.dtype)
         for method, k in sorted(needed):
             engines[(name, method, k)] = cls(
