@@ -80,7 +80,7 @@ class Recipe:
     and final norm); None = a random draft. Needs equal widths."""
     target_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1200, seed=1))
     draft_train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(steps=600, seed=2, lr=1e-3, warmup_steps=30)
+        default_factory=lambda: TrainConfig(steps=800, seed=2, lr=1e-3, warmup_steps=30)
     )
     seed: int = 0  # weight initialisation
     corpus_root: str | None = None  # None = the running interpreter's standard library
