@@ -73,3 +73,30 @@ class SpecStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance_rate": self.per_position_acceptance_rate,
         }
+
+
+PHASES = ("schedule", "draft", "target", "verify", "update")
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """Wall seconds an engine spent in each phase of its steps, summed (where the time goes).
+
+    draft = the proposer, target = the target forward, verify = rejection sampling, update =
+    bookkeeping after it. On an accelerator, work queued by one phase may be waited for in a
+    later one; on CPU each phase's time is its own.
+    """
+
+    steps: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def fractions(self) -> dict[str, float]:
+        """Each phase's share of the total: e.g. {"draft": 0.2, "target": 0.6, ...}."""
+        total = sum(self.seconds.values())
+        return {p: (s / total if total else 0.0) for p, s in self.seconds.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "seconds": dict(self.seconds), "fractions": self.fractions()}

@@ -98,6 +98,15 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
     for r in rows:
         assert ROW_FIELDS <= r.keys()
         assert r["tokens_per_s"] > 0 and r["ttft_s_median"] > 0
+        if r["engine"] == "verispec":
+            shares = r["time_fractions"]
+            assert set(shares) == {"draft", "target", "verify", "other"}
+            assert sum(shares.values()) == pytest.approx(1.0) and shares["target"] > 0
+            assert (shares["draft"] > 0) == (
+                r["method"] != PLAIN and method_takes_draft(r["method"])
+            )
+        else:
+            assert r["time_fractions"] is None
         if r["temperature"] == 0:  # every engine and method gives plain greedy's token ids
             assert r["greedy_mismatches"] == 0, r
         if r["method"] != PLAIN and r["engine"] == "verispec":

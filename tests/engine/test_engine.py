@@ -12,6 +12,7 @@ import pytest
 
 from verispec import LLM, SamplingParams
 from verispec.engine.request import Status
+from verispec.metrics import PHASES
 from verispec.outputs import RequestOutput
 
 Prompt = str | list[int]
@@ -191,3 +192,8 @@ def test_step_reports_requests_that_got_a_token(make_llm: Callable[..., LLM]) ->
         engine.step()
     out = engine.output(long)
     assert (len(out.token_ids), out.finish_reason) == (16, "length")
+    times = engine.step_times
+    assert times.steps == 4 + len(out.token_ids) - 2  # 3 prefill steps + one per later token
+    assert set(times.seconds) == set(PHASES) and times.seconds["target"] > 0
+    assert times.seconds["draft"] < times.seconds["target"]  # plain: the proposer is skipped
+    assert sum(times.fractions().values()) == pytest.approx(1.0)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from verispec.metrics import SpecStats
+from verispec.metrics import SpecStats, StepTimes
 from verispec.spec.registry import PLAIN
 
 
@@ -38,6 +38,7 @@ class BatchRun:
 
     requests: list[RequestRun]
     wall_s: float
+    phases: dict[str, float] | None = None  # seconds per engine step phase (verispec only)
 
     @property
     def num_tokens(self) -> int:
@@ -108,6 +109,7 @@ class VerispecEngine:
         from verispec import SamplingParams
 
         runs: list[RequestRun] = []
+        self.llm.engine.step_times = StepTimes()
         started = time.perf_counter()
         for first in range(0, len(prompts), concurrency):
             chunk = prompts[first : first + concurrency]
@@ -123,7 +125,8 @@ class VerispecEngine:
             for out in self.llm.generate(chunk, params):
                 m = out.metrics
                 runs.append(RequestRun(out.token_ids, m.ttft_s or 0.0, list(m.itl_s), m.spec))
-        return BatchRun(runs, time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        return BatchRun(runs, wall, dict(self.llm.engine.step_times.seconds))
 
 
 class TransformersEngine:

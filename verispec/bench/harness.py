@@ -185,7 +185,19 @@ def summarise(
         "speedup": speedup if m.method != PLAIN else 1.0,
         "draft_cost_ratio": cost if m.method != PLAIN else None,
         "predicted_speedup": predicted,
+        "time_fractions": _time_fractions(m),
     }
+
+
+def _time_fractions(m: Measured) -> dict[str, float] | None:
+    """Share of wall time in the draft, the target forward and verification, and `other`
+    (scheduling, bookkeeping, and the Python around the steps); None for transformers."""
+    if any(run.phases is None for run in m.runs):
+        return None
+    wall = sum(run.wall_s for run in m.runs)
+    shares = {p: sum(run.phases[p] for run in m.runs) / wall for p in ("draft", "target", "verify")}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
 
 
 def percentile(xs: list[float], q: float) -> float:

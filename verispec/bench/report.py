@@ -27,7 +27,9 @@ COLUMNS = (  # (header, row field, format, scale)
     ("predicted", "predicted_speedup", ".2f", 1),
     ("c", "draft_cost_ratio", ".2f", 1),
     ("=plain", "greedy_mismatches", "d", 1),
+    ("draft/target/verify/other %", "time_fractions", "s", 1),
 )
+TIME_PHASES = ("draft", "target", "verify", "other")  # schedule and update fold into other
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -37,7 +39,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         line = []
         for _, key, spec, scale in COLUMNS:
             value = row.get(key)
-            if key == "greedy_mismatches" and value is not None:
+            if key == "time_fractions" and value is not None:
+                line.append("/".join(f"{100 * value[p]:.0f}" for p in TIME_PHASES))
+            elif key == "greedy_mismatches" and value is not None:
                 line.append("yes" if value == 0 else f"{value} differ")
             elif value is None or (key == "k" and row["method"] == PLAIN):
                 line.append("-")

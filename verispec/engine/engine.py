@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import torch
 
@@ -12,7 +13,7 @@ from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.kv import BlockAllocator, BlockTable
-from verispec.metrics import SpecStats
+from verispec.metrics import SpecStats, StepTimes
 from verispec.models.default import default_model_path
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.outputs import RequestOutput
@@ -82,6 +83,8 @@ class Engine:
             self.proposer = make_proposer(spec, config, target)
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
+        self.step_times = StepTimes()
+        """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
         self._ids = itertools.count()
 
     def add_request(
@@ -111,19 +114,26 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
+        clock = _PhaseClock(self.step_times)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
+        clock.lap("schedule")
         draft_probs = self._propose(scheduled)
+        clock.lap("draft")
         logits = self.runner.execute(scheduled)  # [rows of sampling requests, vocab]
+        clock.lap("target")
         sampling = [s for s in scheduled if s.samples]
         verdict = self.runner.verify(logits, sampling, draft_probs)
+        clock.lap("verify")
         for s in scheduled:
             s.request.num_computed_tokens += len(s.token_ids)
         for s, tokens, accepted in zip(
             sampling, verdict.token_ids, verdict.num_accepted, strict=True
         ):
             self._update(s, tokens, accepted)
+        clock.lap("update")
+        self.step_times.steps += 1
         return [s.request for s in sampling]
 
     def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
@@ -185,3 +195,15 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
                 f"at most {self.max_model_len - 1} prompt tokens leave room for one output token"
             )
+
+
+class _PhaseClock:
+    """Adds the time since the previous lap to a phase of a StepTimes."""
+
+    def __init__(self, times: StepTimes) -> None:
+        self.times, self.last = times, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.times.add(phase, now - self.last)
+        self.last = now
