@@ -139,7 +139,9 @@ def run_group(
 
 def _in_group(key: tuple[str, str, int], group: Group) -> bool:
     _, method, k = key
-    return method == DRAFT_ALONE or any(m.method == method and m.k == k for m in group.methods)
+    if method == DRAFT_ALONE:  # needed for the cost ratio of draft-model rows only
+        return any(takes_draft(m.method) for m in group.methods)
+    return any(m.method == method and m.k == k for m in group.methods)
 
 
 def summarise(
