@@ -51,15 +51,15 @@ def test_prompts_end_after_the_docstring(tmp_path: Path) -> None:
     prompts = code_completion_prompts([path])
     assert [p.id for p in prompts] == ["mod.documented:4", "mod.other:20"]
     assert (
-        prompts[0].text
-        == 'def documented(a, b):\n    """Add a and b.\n\n    Longer text.\n    """\n'
+        prompts[0].text == 'def documented(a, b):\n    """Add a and b.\n\n    Longer text.\n    """'
     )
-    assert prompts[1].text == '    def other(self, y):\n        "One line."\n'
+    assert prompts[1].text == '    def other(self, y):\n        "One line."'
 
 
 def test_heldout_modules_give_hundreds_of_prompts() -> None:
     prompts = code_completion_prompts(corpus_files("heldout"))
     assert len(prompts) > 100 and len({p.id for p in prompts}) == len(prompts)
+    assert not any(p.text.endswith("\n") for p in prompts)  # see the module docstring
     assert all(p.text.lstrip().startswith(("def ", "async def ")) for p in prompts)
 
 
@@ -76,7 +76,7 @@ def test_edit_prompts_ask_for_the_function_again_renamed(tmp_path: Path) -> None
     assert [p.id for p in prompts] == ["mod.documented:4", "mod.other:20"]
     other = prompts[1].text
     assert other.startswith('# Original version:\ndef other(self, y):\n    "One line."\n')
-    assert other.endswith("renamed to other_v2, otherwise unchanged:\ndef other_v2(self, y):\n")
+    assert other.endswith("renamed to other_v2, otherwise unchanged:\ndef other_v2(self, y):")
 
 
 def test_free_prompts_start_at_the_module_and_each_top_level_definition(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_free_prompts_start_at_the_module_and_each_top_level_definition(tmp_path
     path.write_text(SOURCE)
     prompts = free_prompts([path], lines_per_prompt=2)
     assert [p.id for p in prompts] == ["mod:1", "mod:4", "mod:12", "mod:16"]
-    assert prompts[2].text == "def bare(x):\n    return x\n"
+    assert prompts[2].text == "def bare(x):\n    return x"
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -1,4 +1,9 @@
-"""Prompts built from the held-out standard-library modules (never seen in training)."""
+"""Prompts built from the held-out standard-library modules (never seen in training).
+
+Prompts end without a trailing newline: the byte-level BPE merges a newline with the
+indentation after it into one token, so a prompt ending in a bare newline token would put the
+model where training text never is (it would then rarely indent).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ def code_completion_prompts(files: list[Path]) -> list[Prompt]:
         source = path.read_text(encoding="utf-8")
         lines = source.splitlines(keepends=True)
         for node in _documented_functions(source):
-            text = "".join(lines[node.lineno - 1 : node.body[0].end_lineno])
+            text = "".join(lines[node.lineno - 1 : node.body[0].end_lineno]).rstrip("\n")
             prompts.append(Prompt(f"{path.stem}.{node.name}:{node.lineno}", text))
     return prompts
 
@@ -79,7 +84,7 @@ def edit_prompts(files: list[Path]) -> list[Prompt]:
             renamed = header.replace(f"def {node.name}(", f"def {node.name}_v2(", 1)
             text = (
                 f"# Original version:\n{block}\n\n"
-                f"# The same function renamed to {node.name}_v2, otherwise unchanged:\n{renamed}\n"
+                f"# The same function renamed to {node.name}_v2, otherwise unchanged:\n{renamed}"
             )
             prompts.append(Prompt(f"{path.stem}.{node.name}:{node.lineno}", text))
     return prompts
@@ -94,7 +99,7 @@ def free_prompts(files: list[Path], lines_per_prompt: int = 12) -> list[Prompt]:
         lines = source.splitlines(keepends=True)
         starts = [1] + [n.lineno for n in ast.parse(source).body if isinstance(n, _DEFS)]
         for start in starts:
-            text = "".join(lines[start - 1 : start - 1 + lines_per_prompt])
+            text = "".join(lines[start - 1 : start - 1 + lines_per_prompt]).rstrip("\n")
             if text.strip():
                 prompts.append(Prompt(f"{path.stem}:{start}", text))
     return prompts
