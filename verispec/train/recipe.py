@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         PreTrainedTokenizerBase,
     )
 
-from verispec.train.corpus import corpus_files, tokenize_files
+from verispec.train.corpus import corpus_files, read_texts, tokenize_files
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 from verispec.train.trainer import (
     TrainConfig,
@@ -96,11 +96,13 @@ class Recipe:
 def run_stage(
     stage: str, run_dir: Path, recipe: Recipe, resume: bool, progress: bool = True
 ) -> None:
-    """Run one stage of the recipe ("tokenizer", "target", "draft" or "export") in run_dir."""
+    """Run one stage of the recipe (one of STAGES) in run_dir."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {stage!r}")
-    stages = {"tokenizer": _tokenizer, "target": _target, "draft": _draft, "export": _export}
-    stages["eval"] = _eval
+    stages = {
+        "tokenizer": _tokenizer, "target": _target, "draft": _draft, "export": _export,
+        "eval": _eval,
+    }  # fmt: skip
     stages[stage](run_dir, recipe, resume, progress)
 
 
@@ -110,8 +112,6 @@ def _log(progress: bool, message: str) -> None:
 
 
 def _tokenizer(run_dir: Path, recipe: Recipe, resume: bool, progress: bool) -> None:
-    from verispec.train.corpus import read_texts
-
     out = run_dir / "tokenizer"
     if (out / "tokenizer.json").is_file() and resume:
         _log(progress, f"tokenizer: {out} exists, kept")
