@@ -23,6 +23,7 @@ from typing import Any
 
 from plain_decode import cpu_model, thread_env
 
+from verispec.bench.harness import alpha_from_length, predicted_speedup
 from verispec.cli import method_takes_draft
 from verispec.spec.registry import method_names
 
@@ -184,32 +185,6 @@ def run(llm: Any, prompts: list[str], temperature: float, top_p: float, n: int) 
         decode_s += out.metrics.e2e_s - out.metrics.ttft_s
         ids.append(out.token_ids)
     return {"tok_s": tokens / decode_s, "stats": stats, "ids": ids}
-
-
-def predicted_speedup(a: float | None, k: int, c: float) -> float | None:
-    """Leviathan et al. (2023), eq. 1: expected speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)),
-    where a is the chance that each draft token is accepted given the ones before it were."""
-    if a is None:
-        return None
-    return tokens_per_step(a, k) / (k * c + 1)
-
-
-def tokens_per_step(a: float, k: int) -> float:
-    """Expected tokens per verify step when each draft is accepted with chance a: 1 + a + ... +
-    a^k = (1 - a^(k+1)) / (1 - a)."""
-    return k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
-
-
-def alpha_from_length(length: float | None, k: int) -> float | None:
-    """The a for which tokens_per_step(a, k) equals the measured mean acceptance length (by
-    bisection; tokens_per_step rises from 1 at a = 0 to k + 1 at a = 1)."""
-    if length is None:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tokens_per_step(mid, k) < length else (lo, mid)
-    return (lo + hi) / 2
 
 
 def summarise(cfg: dict, plain_fwd_s: float) -> dict[str, Any]:
