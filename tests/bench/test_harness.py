@@ -102,9 +102,10 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
             shares = r["time_fractions"]
             assert set(shares) == {"draft", "target", "verify", "other"}
             assert sum(shares.values()) == pytest.approx(1.0) and shares["target"] > 0
-            assert (shares["draft"] > 0) == (
-                r["method"] != PLAIN and method_takes_draft(r["method"])
-            )
+            if r["method"] != PLAIN and method_takes_draft(r["method"]):
+                assert shares["draft"] > 0.01  # a draft model's forwards
+            else:
+                assert shares["draft"] < 0.5 * shares["target"]  # no model runs there
         else:
             assert r["time_fractions"] is None
         if r["temperature"] == 0:  # every engine and method gives plain greedy's token ids
