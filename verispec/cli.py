@@ -85,7 +85,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--k", type=_csv(int), default=None, help="k values (2,4,8)")
     bench.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
-    bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (all)")
+    bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (6)")
     bench.add_argument("--max-tokens", type=int, default=None, help="(each workload's own)")
     bench.add_argument("--repeats", type=int, default=None, help="measured repeats (3)")
     bench.add_argument("--concurrency", type=_csv(int), default=None, help="(1)")

@@ -12,7 +12,7 @@ import pytest
 
 from verispec import LLM, SamplingParams
 from verispec.engine.request import Status
-from verispec.metrics import PHASES
+from verispec.metrics import PHASES, StepTimes
 from verispec.outputs import RequestOutput
 
 Prompt = str | list[int]
@@ -180,6 +180,7 @@ def test_context_limit_ends_generation_with_length(make_llm: Callable[..., LLM])
 
 def test_step_reports_requests_that_got_a_token(make_llm: Callable[..., LLM]) -> None:
     engine = make_llm(max_num_batched_tokens=8).engine
+    engine.step_times = StepTimes()  # the engine may be shared with other tests
     long = engine.add_request([0, *range(10, 30)], GREEDY)  # 21 tokens: 3 chunks of prefill
     short = engine.add_request([0, 5], SamplingParams(temperature=0.0, max_tokens=2))
     assert engine.step() == []  # long: 8 of 21

@@ -43,7 +43,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (2, 4, 8)
     temperatures: tuple[float, ...] = (0.0, 1.0)
     top_p: float = 0.95  # used at temperature > 0 (greedy ignores it)
-    prompts: int | None = None  # per workload; None = the whole prompt file
+    prompts: int | None = 6  # per workload (spread over its file); None = the whole file
     max_tokens: int | None = None  # None = each workload's own
     repeats: int = 3
     concurrency: tuple[int, ...] = (1,)
