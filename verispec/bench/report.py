@@ -92,18 +92,22 @@ def write_plots(
     written = []
     spec_rows = [r for r in rows if r["method"] != PLAIN and r["concurrency"] == 1]
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    series: dict[tuple, list[tuple[int, float]]] = {}
-    for r in spec_rows:
-        key = (r["engine"], r["method"], r["workload"], r["temperature"])
-        series.setdefault(key, []).append((r["k"], r["speedup"]))
-    for (engine, method, workload, temperature), points in sorted(series.items()):
-        ks, speedups = zip(*sorted(points), strict=True)
-        ax.plot(ks, speedups, marker="o", label=f"{engine} {method} {workload} T={temperature:g}")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set(xlabel="k (draft tokens per step)", ylabel="speedup over plain (same engine)",
-           title="Speedup vs k")  # fmt: skip
-    ax.legend(fontsize=7)
+    engines = sorted({r["engine"] for r in spec_rows}, reverse=True)  # verispec first
+    fig, axes = plt.subplots(1, max(1, len(engines)), figsize=(12, 4.5), sharey=True, squeeze=False)
+    for ax, engine in zip(axes[0], engines, strict=False):
+        series: dict[tuple, list[tuple[int, float]]] = {}
+        for r in spec_rows:
+            if r["engine"] == engine:
+                key = (r["method"], r["workload"], r["temperature"])
+                series.setdefault(key, []).append((r["k"], r["speedup"]))
+        for (method, workload, temperature), points in sorted(series.items()):
+            ks, speedups = zip(*sorted(points), strict=True)
+            style = "-" if temperature == 0 else "--"
+            ax.plot(ks, speedups, style, marker="o", label=f"{method} {workload} T={temperature:g}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xlabel="k (draft tokens per step)", title=f"{engine}: speedup over its own plain")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("speedup (tokens/s ratio, same run)")
     written.append(_save(fig, directory / "speedup_vs_k.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
