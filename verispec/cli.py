@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec.config import SpecConfig
-from verispec.spec.registry import PLAIN, method_names
+from verispec.spec.registry import PLAIN, method_names, takes_draft_model
 
 EXIT_BAD_INPUT = 2
 
@@ -154,12 +154,8 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
 
 
 def method_takes_draft(method: str) -> bool:
-    """Whether `method` needs a draft checkpoint: SpecConfig refuses it without model=."""
-    try:
-        SpecConfig(method=method)
-    except ValueError:
-        return True
-    return False
+    """Whether `method` needs a draft checkpoint (asked of the registry)."""
+    return takes_draft_model(method)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from verispec.models.linear import LinearBackend
+from verispec.spec.registry import DEFAULT_METHOD, takes_draft_model
 
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -79,7 +80,7 @@ class EngineConfig:
 class SpecConfig:
     """Speculative decoding settings; key names follow vLLM's speculative_config."""
 
-    method: str = "draft_model"
+    method: str = DEFAULT_METHOD
     """Where drafts come from (the registry in verispec/spec/registry.py lists them)."""
     model: str | None = None
     """Draft checkpoint directory or hub id (draft_model only)."""
@@ -110,8 +111,8 @@ class SpecConfig:
                 "prompt_lookup_min and prompt_lookup_max must be integers with "
                 f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
             )
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("method 'draft_model' needs model= (a draft checkpoint or hub id)")
+        if takes_draft_model(self.method) and not self.model:
+            raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub id)")
 
 
 def default_speculative(model: str | None) -> SpecConfig | None:
@@ -120,4 +121,4 @@ def default_speculative(model: str | None) -> SpecConfig | None:
         return None
     from verispec.models.default import embedded_model_path
 
-    return SpecConfig(method="draft_model", model=str(embedded_model_path("draft")))
+    return SpecConfig(method=DEFAULT_METHOD, model=str(embedded_model_path("draft")))

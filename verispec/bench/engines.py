@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from verispec.metrics import SpecStats, StepTimes
-from verispec.spec.registry import PLAIN
+from verispec.spec.registry import PLAIN, takes_draft_model
 
 
 @dataclass
@@ -190,10 +190,8 @@ class TransformersEngine:
 
 
 def takes_draft(method: str) -> bool:
-    """Whether a registry method drafts with a draft model (asked of SpecConfig via the CLI)."""
-    from verispec.cli import method_takes_draft
-
-    return method_takes_draft(method)
+    """Whether a registry method drafts with a draft model."""
+    return takes_draft_model(method)
 
 
 class _TimingStreamer:

@@ -31,6 +31,16 @@ _METHODS: dict[str, Callable[[SpecConfig, EngineConfig, TargetInfo], Proposer]] 
 PLAIN = "none"
 """The name benchmarks and the CLI give to plain decoding (no proposer)."""
 
+DEFAULT_METHOD = "draft_model"
+"""SpecConfig's method when none is given (and the embedded pair's)."""
+
+_TAKES_DRAFT_MODEL = frozenset({"draft_model"})
+
+
+def takes_draft_model(method: str) -> bool:
+    """Whether `method` drafts with a separate draft checkpoint (SpecConfig.model)."""
+    return method in _TAKES_DRAFT_MODEL
+
 
 def method_names() -> tuple[str, ...]:
     """Names a SpecConfig may give as method."""
