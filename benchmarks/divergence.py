@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from plain_decode import cpu_model, thread_env
+from plain_decode import thread_env
 from spec_decode import num_parameters, resolve_pair, workload
 
+from verispec.bench.main import cpu_model
+from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
 from verispec.spec.registry import method_names
 
@@ -144,8 +145,7 @@ def main() -> None:
               f"| {'-' if mean is None else f'{mean:.1f}'} | {'-' if med is None else med} "
               f"| {r['draft_tokens']} | {'-' if acc is None else f'{acc:.2f}'} |")  # fmt: skip
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        write_json(args.json, settings, rows)
         print(f"\nwrote {args.json}")
 
 

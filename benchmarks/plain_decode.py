@@ -11,14 +11,16 @@ import datetime
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from verispec.bench.main import cpu_model
+from verispec.bench.report import write_json
+from verispec.bench.verify_cost import random_llama_125m
 
 RANDOM_125M = "llama-125m"
 Run = tuple[list[int], float, float, list[float]]  # token ids, wall s, TTFT s, ITL gaps s
@@ -38,39 +40,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def make_random_125m(path: Path) -> None:
-    """A random-weight Llama of ~125M parameters plus a BPE tokenizer trained on the stdlib."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
-
-    sources = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    tok = train_bpe_tokenizer((s.read_text(errors="replace") for s in sources), vocab_size=8192)
-    config = LlamaConfig(
-        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-        num_key_value_heads=12, vocab_size=32000, max_position_embeddings=2048,
-        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    LlamaForCausalLM(config).save_pretrained(str(tmp))
-    GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    ).save_pretrained(str(tmp))
-    save_tokenizer(tok, tmp)
-    tmp.rename(path)
-
-
 def resolve_model(name: str) -> Path:
     if name == RANDOM_125M:
-        path = Path.home() / ".cache/verispec/bench/llama-125m-random"
-        if not (path / "config.json").is_file():
-            print(f"creating {path} (random weights, once) ...", file=sys.stderr)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            make_random_125m(path)
-        return path
+        return random_llama_125m()
     if name == "embedded":
         from verispec.models.default import embedded_model_path
 
@@ -158,19 +130,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return next(diffs, min(len(a), len(b)))
 
 
-def cpu_model() -> str:
-    """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    if "model name" not in info:
-        return platform.processor() or "unknown"
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in info["flags"].split()]
-    return (f"{info['model name']} (family {info.get('cpu family')} model {info.get('model')}, "
-            f"{' '.join(isa)}; {os.cpu_count()} cpus)")  # fmt: skip
-
-
 def thread_env() -> str:
     """Environment variables that change BLAS/OpenMP behaviour, as set for this run."""
     prefixes = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_PRELOAD")
@@ -236,8 +195,7 @@ def main() -> None:
               f"| {r['ttft_med_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['itl_med_ms']:.1f} "
               f"| {r['itl_p90_ms']:.1f} | {r['decode_vs_hf']:.2f}x | {match} |")  # fmt: skip
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        write_json(args.json, settings, rows)
         print(f"\nwrote {args.json}")
 
 

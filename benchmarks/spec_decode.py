@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import math
 import os
 import statistics
@@ -21,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plain_decode import cpu_model, thread_env
+from plain_decode import thread_env
 
 from verispec.bench.harness import alpha_from_length, predicted_speedup
+from verispec.bench.main import cpu_model
+from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
 from verispec.spec.registry import method_names
 
@@ -301,8 +302,7 @@ def main() -> None:
               f"| {fmt(r['predicted_speedup_rate'], '.2f', 'x')} | {fmt(r['alpha'], '.2f')} "
               f"| {fmt(r['predicted_speedup_alpha'], '.2f', 'x')} | {same} |")  # fmt: skip
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        write_json(args.json, settings, rows)
         print(f"\nwrote {args.json}")
 
 

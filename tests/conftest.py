@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,14 @@ def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Pat
     path = tmp_path_factory.mktemp("llama")
     make_checkpoint(path, "llama", tokenizer)
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    the models are tiny, so a second thread only adds synchronisation, and on a busy machine
+    its spin-waits make runs 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

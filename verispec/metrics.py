@@ -9,6 +9,7 @@ Only steps that verified at least one draft token count as verify steps.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,9 +90,17 @@ class StepTimes:
 
     steps: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    _mark: float = field(default=0.0, repr=False)  # perf_counter() at the last start or lap
 
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] += seconds
+    def start(self) -> None:
+        """Begin timing a step."""
+        self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Add the time since the last start or lap to `phase`."""
+        now = time.perf_counter()
+        self.seconds[phase] += now - self._mark
+        self._mark = now
 
     def fractions(self) -> dict[str, float]:
         """Each phase's share of the total: e.g. {"draft": 0.2, "target": 0.6, ...}."""

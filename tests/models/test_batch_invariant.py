@@ -9,7 +9,6 @@ product, which kernels may round differently; it is only recorded, not asserted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,7 @@ PREFIX = 20  # tokens in the cache before the tested step; with q up to 9 the wi
 LENGTH = PREFIX + 9 + 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: a second thread only adds synchronisation (slow on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

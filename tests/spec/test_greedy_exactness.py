@@ -8,7 +8,6 @@ rejected and rolled back, not all kept or all thrown away.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,7 @@ METHODS = ("draft_model", "ngram")
 VOCAB = 320
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """The models are tiny: a second thread only adds synchronisation, and on a busy machine
-    its spin-waits make runs 10-100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_prompts(n: int, seed: int, lo: int = 2, hi: int = 24) -> list[list[int]]:

@@ -60,7 +60,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     return {
         **fields,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -110,7 +110,7 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
         print("\nverification cost, t(q) / t(1), warm 256-token cache:")
         print(verify_table(curve))
     if args.json:
-        write_json(Path(args.json), info, rows, curve)
+        write_json(Path(args.json), info, rows, verify_cost=curve)
         log(f"wrote {args.json}")
     if args.plot:
         for path in write_plots(Path(args.plot), rows, curve):
@@ -124,8 +124,8 @@ def _settings_line(info: dict[str, Any]) -> str:
     return "settings: " + ", ".join(f"{k}={info.get(k)}" for k in keys)
 
 
-def _cpu_model() -> str:
-    """Model name and vector extensions from /proc/cpuinfo (else platform's guess)."""
+def cpu_model() -> str:
+    """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -134,9 +134,9 @@ def _cpu_model() -> str:
     for line in text.splitlines():
         key, _, value = line.partition(":")
         info.setdefault(key.strip(), value.strip())
-    isa = [
-        f
-        for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
-        if f in info.get("flags", "").split()
-    ]
-    return f"{info.get('model name', 'unknown')} ({' '.join(isa)}; {os.cpu_count()} cpus)"
+    if "model name" not in info:
+        return platform.processor() or "unknown"
+    flags = info.get("flags", "").split()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return (f"{info['model name']} (family {info.get('cpu family')} model {info.get('model')}, "
+            f"{' '.join(isa)}; {os.cpu_count()} cpus)")  # fmt: skip

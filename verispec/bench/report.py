@@ -69,13 +69,11 @@ def verify_table(curve: list[dict[str, Any]]) -> str:
 
 
 def write_json(
-    path: Path, settings: dict[str, Any], rows: list[dict[str, Any]], curve: list[dict[str, Any]]
+    path: Path, settings: dict[str, Any], rows: list[dict[str, Any]], **extra: Any
 ) -> None:
-    """One object: settings, rows, verify_cost."""
+    """One object: settings, rows, and any extra top-level keys (e.g. verify_cost)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"settings": settings, "rows": rows, "verify_cost": curve}, indent=1) + "\n"
-    )
+    path.write_text(json.dumps({"settings": settings, "rows": rows, **extra}, indent=1) + "\n")
 
 
 def write_plots(

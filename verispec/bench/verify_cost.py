@@ -7,6 +7,7 @@ does; this curve measures that ratio, t(q) / t(1), directly in verispec's runtim
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,22 +88,32 @@ def cache_dir() -> Path:
 
 def random_llama_125m() -> Path:
     """A random-weight Llama of the ~125M shape (hidden 768, 12 layers, 12 heads, MLP 3072,
-    vocab 32000, untied head), made once in the cache (seed 0); no tokenizer (ids only)."""
+    vocab 32000, untied head; 162M parameters), seed 0, with the embedded models' 8192-token
+    tokenizer (ids beyond it are never produced by text), made once in the cache."""
     import os
+    import shutil
 
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from verispec.models.default import embedded_model_path
 
     path = cache_dir() / "llama-125m-random"
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
+    print(f"creating {path} (random weights, once) ...", file=sys.stderr, flush=True)
     config = LlamaConfig(
         vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
-        tie_word_embeddings=False,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2,
     )  # fmt: skip
     torch.manual_seed(0)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     LlamaForCausalLM(config).save_pretrained(str(tmp))
+    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(tmp))
+    tokenizer = embedded_model_path("target")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, tmp / name)
+    shutil.rmtree(path, ignore_errors=True)  # an older, incomplete copy
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(path)
     return path

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import torch
 
@@ -114,7 +113,8 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
-        clock = _PhaseClock(self.step_times)
+        clock = self.step_times
+        clock.start()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
@@ -195,15 +195,3 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
                 f"at most {self.max_model_len - 1} prompt tokens leave room for one output token"
             )
-
-
-class _PhaseClock:
-    """Adds the time since the previous lap to a phase of a StepTimes."""
-
-    def __init__(self, times: StepTimes) -> None:
-        self.times, self.last = times, time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.times.add(phase, now - self.last)
-        self.last = now
