@@ -75,12 +75,15 @@ def make_checkpoint(
     tokenizer: PreTrainedTokenizerFast,
     seed: int = 0,
     layer_scale: float = 1.0,
+    fp16_values: bool = False,
     **overrides: Any,
 ) -> PreTrainedModel:
     """Save a random tiny model of `family` with `tokenizer` to path; return the HF model (eval).
 
     layer_scale multiplies the layers' matrices: at the default init the layers barely touch
     the residual stream and greedy decoding repeats one token; 8 gives varied text.
+    fp16_values rounds every matrix to a float16-representable value (still saved as float32),
+    so the fp16 linear backend, which refuses to round, can load it.
     """
     config = family_config(family, len(tokenizer), **overrides)
     torch.manual_seed(seed)
@@ -98,10 +101,20 @@ def make_checkpoint(
                     layer.self_attn.v_proj,
                 ):
                     proj.bias.normal_(0, 0.5)
+    if fp16_values:
+        round_matrices_to_fp16(model)
     model.save_pretrained(str(path))
     GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(path))
     save_tokenizer(tokenizer, path)
     return model
+
+
+def round_matrices_to_fp16(model: PreTrainedModel) -> None:
+    """Round every matrix of model in place to the nearest float16 value (kept float32)."""
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight.copy_(weight.half().float())
 
 
 def make_perturbed_copy(

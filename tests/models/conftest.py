@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import round_matrices_to_fp16
 from transformers import PreTrainedModel
 
 LAYER_WEIGHT_SCALE = 8.0
@@ -17,7 +18,8 @@ LAYER_WEIGHT_SCALE = 8.0
 def sharp_checkpoint(
     family_checkpoint: tuple[Path, PreTrainedModel], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, PreTrainedModel]:
-    """family_checkpoint with its layers' matrices scaled up, saved beside its tokenizer.
+    """family_checkpoint with its layers' matrices scaled up and rounded to float16 values
+    (so every linear backend, the fp16 one included, loads it), saved beside its tokenizer.
 
     Why: at the default init (std 0.02) the layers barely touch the residual stream, so a
     tied-embedding model's logits mostly echo the last token and greedy decoding repeats one
@@ -29,6 +31,7 @@ def sharp_checkpoint(
         for weight in model.model.layers.parameters():
             if weight.dim() == 2:
                 weight.mul_(LAYER_WEIGHT_SCALE)
+    round_matrices_to_fp16(model)
     out = tmp_path_factory.mktemp(f"{path.name}-sharp")
     model.save_pretrained(str(out))
     for f in path.iterdir():

@@ -13,7 +13,7 @@ from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
-BACKENDS = ("torch", "onednn")
+BACKENDS = ("torch", "onednn", "fp16")
 
 
 @functools.cache

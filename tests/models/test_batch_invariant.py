@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import make_checkpoint
 
-from verispec.models.linear import onednn_available
+from verispec.models.linear import fp16_kernel_available, onednn_available
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
@@ -28,6 +28,10 @@ BACKENDS = [
         "onednn",
         marks=pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN"),
     ),
+    pytest.param(
+        "fp16",
+        marks=pytest.mark.skipif(not fp16_kernel_available(), reason="this build has no FBGEMM"),
+    ),
 ]
 PREFIX = 20  # tokens in the cache before the tested step; with q up to 9 the window of 24 binds
 LENGTH = PREFIX + 9 + 4
@@ -39,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module", params=FAMILIES)
 def sharp_path(request: pytest.FixtureRequest, tmp_path_factory, tokenizer) -> Path:
     path = tmp_path_factory.mktemp(f"{request.param}-bi")
-    make_checkpoint(path, request.param, tokenizer, layer_scale=8.0)
+    make_checkpoint(path, request.param, tokenizer, layer_scale=8.0, fp16_values=True)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Linear: y = x W^T + b with the fastest kernel this device has for decode and verify shapes."""
+"""Linear: y = x W^T + b with the fastest exact kernel the device has for decode and verify."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Literal
 
 import torch
 
-LinearBackend = Literal["auto", "torch", "onednn"]
-BACKENDS = ("auto", "torch", "onednn")
+LinearBackend = Literal["auto", "torch", "onednn", "fp16"]
+BACKENDS = ("auto", "torch", "onednn", "fp16")
 
 
 def onednn_available() -> bool:
@@ -18,24 +18,66 @@ def onednn_available() -> bool:
     )
 
 
-def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dtype) -> str:
-    """Resolve "auto": prepacked oneDNN for float32 on the CPU, torch's F.linear elsewhere.
+def fp16_kernel_available() -> bool:
+    """True when this torch build has FBGEMM's float16-weight, float32-activation GEMM."""
+    ops = torch.ops.quantized
+    return "fbgemm" in torch.backends.quantized.supported_engines and all(
+        hasattr(ops, name) for name in ("linear_prepack_fp16", "linear_dynamic_fp16")
+    )
 
-    Why: for products of 1-16 rows (decode and verify) the MKL behind F.linear takes a slow
-    path on AMD CPUs; oneDNN's prepacked inner product runs 1.3-4x faster there and shares
-    torch's thread pool (benchmarks/README.md).
+
+def exactly_fp16(weight: torch.Tensor) -> bool:
+    """True when every value of weight survives a round trip through float16 unchanged.
+
+    Example: 0.5 and 1.0009765625 (= 1 + 2**-10) do; 0.1, 1e-8 and 70000.0 do not.
+    Checkpoints stored in float16 always do, so keeping them in float16 loses nothing.
+    """
+    return bool(torch.equal(weight.to(torch.float16).to(weight.dtype), weight))
+
+
+def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dtype) -> str:
+    """Check a requested backend against the device and compute dtype (before any weight is read).
+
+    "auto" on a float32 CPU model becomes the per-weight choice described in `kernel_for`.
     """
     if backend not in BACKENDS:
         raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    onednn_ok = device.type == "cpu" and dtype == torch.float32 and onednn_available()
-    if backend == "onednn" and not onednn_ok:
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if backend == "onednn" and not (cpu_fp32 and onednn_available()):
         raise ValueError(
             "the onednn linear backend needs float32 weights on the CPU and a torch build with "
             "oneDNN; use linear_backend='torch' or 'auto'"
         )
-    if backend == "auto":
-        return "onednn" if onednn_ok else "torch"
+    if backend == "fp16" and not (cpu_fp32 and fp16_kernel_available()):
+        raise ValueError(
+            "the fp16 linear backend computes in float32 on the CPU with float16-stored weights "
+            "and needs a torch build with FBGEMM (x86); use linear_backend='torch' or 'auto'"
+        )
+    if backend == "auto" and not cpu_fp32:
+        return "torch"
     return backend
+
+
+def kernel_for(backend: str, weight: torch.Tensor) -> str:
+    """The kernel one weight [out, in] runs with, given a backend from `choose_backend`.
+
+    "auto" (float32 CPU): "fp16" when the weight is exactly representable in float16 (it
+    streams half the bytes and its 1-16-row products run 1.4-2.5x faster than oneDNN's on
+    this AMD CPU, benchmarks/README.md), else prepacked oneDNN, else torch's F.linear.
+    Why exactness: the output must be the checkpoint's, so a weight is never rounded here
+    (rounding is `quantization="fp16"`, which changes the target on purpose).
+    """
+    if backend == "fp16" and not exactly_fp16(weight):
+        raise ValueError(
+            "linear_backend='fp16' keeps weights in float16 and needs every weight to be exactly "
+            "representable there (true for float16 checkpoints); this checkpoint's are not. "
+            "Use linear_backend='auto' or 'onednn', or quantization='fp16' to round them"
+        )
+    if backend != "auto":
+        return backend
+    if fp16_kernel_available() and exactly_fp16(weight):
+        return "fp16"
+    return "onednn" if onednn_available() else "torch"
 
 
 class Linear:
@@ -50,13 +92,18 @@ class Linear:
     ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.backend = backend
+        self.kernel = kernel_for(backend, weight)
         self.row_wise = row_wise
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
         what a lone decode step computes (kernels may round an n-row product differently)."""
-        if backend == "onednn":
+        self.weight: torch.Tensor | torch.ScriptObject
+        if self.kernel == "onednn":
             # Reordered once into oneDNN's blocked layout; the original weight is not kept.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        elif self.kernel == "fp16":
+            # FBGEMM's packed float16 copy (bias stays float32 inside it); products accumulate
+            # in float32, so the result is the float32 product of the same weight values.
+            self.weight = torch.ops.quantized.linear_prepack_fp16(weight.detach(), bias)
         else:
             self.weight = weight
 
@@ -67,6 +114,8 @@ class Linear:
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "onednn":
+        if self.kernel == "fp16":
+            return torch.ops.quantized.linear_dynamic_fp16(x, self.weight)
+        if self.kernel == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return torch.nn.functional.linear(x, self.weight, self.bias)
