@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec.config import SpecConfig
+from verispec.models.quantization import QUANTIZATIONS
 from verispec.spec.registry import PLAIN, method_names, takes_draft_model
 
 EXIT_BAD_INPUT = 2
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     gen.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                     help="round the model's linear weights at load (output then follows the "
+                     "rounded model)")  # fmt: skip
     spec = gen.add_argument_group(
         "speculative decoding (default: the embedded draft for the embedded model, else off)"
     )
@@ -46,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
     spec.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
                       help="longest n-gram prompt lookup matches (4)")  # fmt: skip
+    spec.add_argument(
+        "--draft-quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="round the draft's linear weights (changes acceptance, never output)",
+    )
     gen.add_argument("--batch-invariant", action="store_true",
                      help="logits independent of batch mates: speculative greedy output equals "
                      "plain greedy output bit for bit (slower)")  # fmt: skip
@@ -119,6 +129,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
         "--k": ("num_speculative_tokens", args.k),
         "--prompt-lookup-min": ("prompt_lookup_min", args.prompt_lookup_min),
         "--prompt-lookup-max": ("prompt_lookup_max", args.prompt_lookup_max),
+        "--draft-quantization": ("quantization", args.draft_quantization),
     }
     given = {flag: fv for flag, fv in flags.items() if fv[1] is not None}
     if args.method == PLAIN:
@@ -209,6 +220,7 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
+        quantization=args.quantization,
     )  # fmt: skip
     engine = llm.engine
     spec = engine.config.speculative  # "auto" resolved
@@ -228,6 +240,8 @@ def _generate(args: argparse.Namespace) -> int:
         "k": spec.num_speculative_tokens if spec else None,
         "draft": spec.model if spec else None,
         "batch_invariant": args.batch_invariant,
+        "quantization": args.quantization,
+        "draft_quantization": spec.quantization if spec else None,
     }
     if args.json:
         result = {

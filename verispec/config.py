@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from verispec.models.linear import LinearBackend
+from verispec.models.quantization import check_quantization
 from verispec.spec.registry import DEFAULT_METHOD, takes_draft_model
 
 MAX_SPECULATIVE_TOKENS = 16
@@ -48,7 +49,12 @@ class EngineConfig:
     seed: int = 0
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"
-    """Kernel for linear layers: auto, torch, or onednn (prepacked; float32 on CPU only)."""
+    """Kernel for linear layers: auto, torch, onednn (prepacked), or fp16 (float16-stored
+    weights, float32 compute; only for weights float16 holds exactly); the last two float32
+    on CPU only. auto picks fp16, else onednn, per weight on a float32 CPU, else torch."""
+    quantization: str | None = None
+    """Round the target's linear weights at load: None (off), fp16 or int8 (per channel).
+    Output is then lossless with respect to the quantized target, not the checkpoint."""
     batch_invariant: bool = False
     """Compute every token row on its own so its logits never depend on its batch mates
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
@@ -58,6 +64,7 @@ class EngineConfig:
     when model is None (the embedded target), else plain decoding."""
 
     def __post_init__(self) -> None:
+        check_quantization(self.quantization)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -90,10 +97,19 @@ class SpecConfig:
     """Shortest suffix n-gram the ngram method looks up."""
     prompt_lookup_max: int = 4
     """Longest suffix n-gram the ngram method looks up (tried first)."""
+    quantization: str | None = None
+    """Round the draft's linear weights at load: None, fp16 or int8. Never affects the
+    output, only how often drafts are accepted (and how fast the draft runs)."""
 
     def __post_init__(self) -> None:
         from verispec.spec.registry import method_names
 
+        check_quantization(self.quantization, "speculative quantization")
+        if self.quantization is not None and not takes_draft_model(self.method):
+            raise ValueError(
+                f"speculative quantization applies to a draft model; method {self.method!r} "
+                "has none"
+            )
         if self.method not in method_names():
             raise ValueError(
                 f"speculative method must be one of {', '.join(method_names())}; "

@@ -45,7 +45,7 @@ class Engine:
         dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,
-            batch_invariant=config.batch_invariant,
+            batch_invariant=config.batch_invariant, quantization=config.quantization,
         )  # fmt: skip
         self.tokenizer = Tokenizer(self.model_path)
         model_len = self.model.config.max_position_embeddings

@@ -6,6 +6,8 @@ from typing import Literal
 
 import torch
 
+from verispec.models.quantization import int8_per_channel, round_to_fp16
+
 LinearBackend = Literal["auto", "torch", "onednn", "fp16"]
 BACKENDS = ("auto", "torch", "onednn", "fp16")
 
@@ -58,8 +60,11 @@ def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dt
     return backend
 
 
-def kernel_for(backend: str, weight: torch.Tensor) -> str:
+def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = None) -> str:
     """The kernel one weight [out, in] runs with, given a backend from `choose_backend`.
+
+    quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" rounds the
+    weight first, so the rules below then pick the fp16 kernel on a float32 CPU.
 
     "auto" (float32 CPU): "fp16" when the weight is exactly representable in float16 (it
     streams half the bytes and its 1-16-row products run 1.4-2.5x faster than oneDNN's on
@@ -67,6 +72,13 @@ def kernel_for(backend: str, weight: torch.Tensor) -> str:
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
+    if quantization == "int8":
+        if backend not in ("auto", "torch"):
+            raise ValueError(
+                f"quantization='int8' runs its own kernel; linear_backend={backend!r} cannot "
+                "apply, use linear_backend='auto'"
+            )
+        return "int8"
     if backend == "fp16" and not exactly_fp16(weight):
         raise ValueError(
             "linear_backend='fp16' keeps weights in float16 and needs every weight to be exactly "
@@ -89,15 +101,21 @@ class Linear:
         bias: torch.Tensor | None,
         backend: str,
         row_wise: bool = False,
+        quantization: str | None = None,
     ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.kernel = kernel_for(backend, weight)
+        if quantization == "fp16":
+            weight = round_to_fp16(weight)
+        self.kernel = kernel_for(backend, weight, quantization)
         self.row_wise = row_wise
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
         what a lone decode step computes (kernels may round an n-row product differently)."""
         self.weight: torch.Tensor | torch.ScriptObject
-        if self.kernel == "onednn":
+        self.scale: torch.Tensor | None = None  # [out], int8 only
+        if self.kernel == "int8":
+            self.weight, self.scale = int8_per_channel(weight.detach())
+        elif self.kernel == "onednn":
             # Reordered once into oneDNN's blocked layout; the original weight is not kept.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         elif self.kernel == "fp16":
@@ -114,6 +132,9 @@ class Linear:
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "int8":
+            y = torch._weight_int8pack_mm(x, self.weight, self.scale)
+            return y if self.bias is None else y + self.bias
         if self.kernel == "fp16":
             return torch.ops.quantized.linear_dynamic_fp16(x, self.weight)
         if self.kernel == "onednn":

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear, LinearBackend, choose_backend
 from verispec.models.llama import DecoderLayer, LlamaModel
+from verispec.models.quantization import check_quantization
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -63,20 +64,40 @@ def load_model(
     linear_backend: LinearBackend = "auto",
     progress: bool = False,
     batch_invariant: bool = False,
+    quantization: str | None = None,
 ) -> LlamaModel:
-    """Build a LlamaModel from a checkpoint directory's config.json and safetensors files."""
+    """Build a LlamaModel from a checkpoint directory's config.json and safetensors files.
+
+    quantization (None, "fp16", "int8") rounds every linear layer's weight, the LM head
+    included; the embedding table stays as stored.
+    """
     config = ModelConfig.from_file(path / "config.json")
+    check_quantization(quantization)
     backend = choose_backend(linear_backend, device, dtype)
     weights = _read_safetensors(path, dtype, device, progress)
+    source = f"checkpoint {path}"
+    return build_model(config, weights, backend, batch_invariant, quantization, source)
+
+
+def build_model(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    backend: str,
+    batch_invariant: bool = False,
+    quantization: str | None = None,
+    source: str = "checkpoint",
+) -> LlamaModel:
+    """A LlamaModel from Hugging Face tensor names -> tensors (consumed); backend as returned
+    by choose_backend. source names the weights in error messages."""
 
     def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-        return Linear(weight, bias, backend, row_wise=batch_invariant)
+        return Linear(weight, bias, backend, batch_invariant, quantization)
 
     def take(name: str) -> torch.Tensor:
         try:
             return weights.pop(name)
         except KeyError:
-            raise ValueError(f"checkpoint {path} lacks tensor {name!r}") from None
+            raise ValueError(f"{source} lacks tensor {name!r}") from None
 
     def maybe(name: str) -> torch.Tensor | None:
         return weights.pop(name, None)
@@ -105,7 +126,7 @@ def load_model(
     head = maybe("lm_head.weight")
     if head is None:
         if not config.tie_word_embeddings:
-            raise ValueError(f"checkpoint {path} lacks tensor 'lm_head.weight'")
+            raise ValueError(f"{source} lacks tensor 'lm_head.weight'")
         head = embed
     final_norm = take("model.norm.weight")
     return LlamaModel(config, embed, layers, final_norm, linear(head, None), batch_invariant)

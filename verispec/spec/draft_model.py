@@ -46,7 +46,7 @@ class DraftModelProposer:
         path = resolve_model_path(spec.model or "")
         self.model = load_model(
             path, target.dtype, target.device, config.linear_backend,
-            batch_invariant=config.batch_invariant,
+            batch_invariant=config.batch_invariant, quantization=spec.quantization,
         )  # fmt: skip
         check_vocabularies(target.tokenizer, Tokenizer(path))
         self.target = target
