@@ -252,3 +252,18 @@ def test_default_model_options(capsys) -> None:
     assert k2["settings"]["draft"] == str(embedded_model_path("draft"))
     assert main(["generate", "x", "--method", PLAIN, "--k", "2"]) == 2
     assert f"--method {PLAIN} decodes without drafts; drop --k" in capsys.readouterr().err
+
+
+@ONE_PAIR
+def test_quantization_options_reach_target_and_draft(spec_pair, capsys) -> None:
+    target, draft = spec_pair
+    result = generate_json(capsys, "def add(a, b):", "--model", str(target), "--draft",
+                           str(draft), "--quantization", "int8", "--draft-quantization", "fp16",
+                           "--max-tokens", "6")  # fmt: skip
+    settings = result["settings"]
+    assert (settings["quantization"], settings["draft_quantization"]) == ("int8", "fp16")
+    assert result["metrics"]["num_verify_steps"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["generate", "x", "--quantization", "int4"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err

@@ -278,3 +278,23 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
     assert llm.engine.allocator.num_free == 12  # every block came back
     if method == "draft_model":
         assert llm.engine.proposer.allocator.num_used == 0 and not llm.engine.proposer.states
+
+
+@pytest.mark.parametrize(
+    ("quantization", "draft_quantization"), [("int8", None), ("fp16", "int8"), (None, "fp16")]
+)
+@pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+def test_quantized_pairs_equal_plain_decoding_of_the_quantized_target(
+    spec_pair, quantization: str | None, draft_quantization: str | None, plain: Plain
+) -> None:
+    """Lossless with respect to the model that runs: a quantized target's speculative output is
+    that quantized target's plain output; a quantized draft changes acceptance only."""
+    target, draft = spec_pair
+    ref = plain.generate(target, PROMPTS, GREEDY, quantization=quantization)
+    spec = SpecConfig(
+        method="draft_model", model=str(draft), num_speculative_tokens=4,
+        quantization=draft_quantization,
+    )  # fmt: skip
+    llm = LLM(model=str(target), batch_invariant=True, speculative=spec, quantization=quantization)
+    assert_same(llm.generate(PROMPTS, GREEDY), ref)
+    assert_partial(llm)

@@ -288,3 +288,14 @@ def test_a_broken_verifier_fails_the_same_check(
     run = measure(checkpoints, prompt, params_of(1.0, 1.0, -1, 4), spec)
     assert not run.fit.ok(ALPHA)
     assert run.fit.p_value < 1e-9, run.fit
+
+
+def test_int8_draft_sampling_matches_the_unquantized_target(
+    checkpoints: tuple[Path, Path, PreTrainedModel],
+) -> None:
+    """Whatever the draft computes, the output follows the target: an int8 draft."""
+    spec = draft_spec(checkpoints)
+    spec.quantization = "int8"
+    run = measure(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 4), spec)
+    assert run.fit.ok(ALPHA), run.fit
+    assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8

@@ -60,3 +60,11 @@ def test_bad_prompt_lookup_bounds(lo: object, hi: object) -> None:
 def test_equal_lookup_bounds_are_fine() -> None:
     spec = verispec.SpecConfig(method="ngram", prompt_lookup_min=3, prompt_lookup_max=3)
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 3)
+
+
+def test_quantization_is_for_draft_models_only() -> None:
+    assert verispec.SpecConfig(model="d", quantization="int8").quantization == "int8"
+    with pytest.raises(ValueError, match="applies to a draft model; method 'ngram'"):
+        verispec.SpecConfig(method="ngram", quantization="fp16")
+    with pytest.raises(ValueError, match="speculative quantization must be one of fp16, int8"):
+        verispec.SpecConfig(model="d", quantization="q4")
