@@ -13,7 +13,7 @@ from typing import Any
 
 from verispec.bench.harness import BenchConfig, run_bench
 from verispec.bench.report import table, verify_table, write_json, write_plots
-from verispec.bench.verify_cost import random_llama_125m, verify_cost_curve
+from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
@@ -96,13 +96,18 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     if not args.no_verify_cost:
         repeats = VERIFY_REPEATS[config.plan]
         log("verification-cost curve ...")
-        for label, path in (
+        models: list[tuple[str, Any]] = [
             ("embedded-target", config.target),
             ("llama-125m-random", random_llama_125m()),
-        ):
+        ]
+        if config.plan == "full":  # 4.4 GB of RAM, ~1 min; made in memory each time
+            models.append(("llama-1.1b-random", lambda: random_llama(LLAMA_1B)))
+        for label, source in models:
+            model = source() if callable(source) else source
             curve += [
-                dataclasses.asdict(p) for p in verify_cost_curve(path, label, repeats=repeats)
+                dataclasses.asdict(p) for p in verify_cost_curve(model, label, repeats=repeats)
             ]
+            del model
     info["load_average_after"] = os.getloadavg()[0]
     print(_settings_line(info))
     print(table(rows))

@@ -16,7 +16,10 @@ import torch
 
 from verispec.batch import ForwardBatch, SeqChunk
 from verispec.kv import BlockAllocator, BlockTable
-from verispec.models.loader import load_model
+from verispec.models.config import ModelConfig
+from verispec.models.linear import choose_backend
+from verispec.models.llama import LlamaModel
+from verispec.models.loader import build_model, load_model
 
 QS = (1, 2, 4, 8, 16)
 
@@ -32,7 +35,7 @@ class VerifyCost:
 
 
 def verify_cost_curve(
-    path: Path,
+    model: Path | LlamaModel,
     label: str,
     qs: tuple[int, ...] = QS,
     context: int = 256,
@@ -42,10 +45,12 @@ def verify_cost_curve(
 ) -> list[VerifyCost]:
     """Median forward time for each q over `repeats` rounds (q values interleaved within each
     round), each forward on top of the same warm `context`-token cache, logits for all q rows
-    (as verification needs). q = 1 must be among qs (the ratio's denominator)."""
+    (as verification needs). model: a checkpoint directory (loaded with the default linear
+    backend) or a loaded model. q = 1 must be among qs (the ratio's denominator)."""
     if 1 not in qs:
         raise ValueError("qs must include 1, the denominator of the ratios")
-    model = load_model(path, dtype, torch.device(device))
+    if isinstance(model, Path):
+        model = load_model(model, dtype, torch.device(device))
     block_size = 16
     num_blocks = (context + max(qs)) // block_size + 2
     kv = model.new_kv_cache(num_blocks, block_size)
@@ -56,7 +61,7 @@ def verify_cost_curve(
     def forward(start: int, tokens: list[int], num_logits: int) -> None:
         slots = table.append_slots(len(tokens))
         chunk = SeqChunk(tokens, start, slots, list(table.blocks), num_logits)
-        model.forward(ForwardBatch.build([chunk], block_size, device), kv)
+        model.forward(ForwardBatch.build([chunk], block_size, model.device), kv)
 
     with torch.inference_mode():
         forward(0, ids[:context], 1)  # the warm cache every measurement builds on
@@ -65,7 +70,7 @@ def verify_cost_curve(
             for q in qs:
                 started = time.perf_counter()
                 forward(context, ids[context : context + q], q)
-                if device != "cpu":
+                if model.device.type != "cpu":
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - started
                 table.truncate(context)  # roll back, as a rejected draft would be
@@ -117,3 +122,40 @@ def random_llama_125m() -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(path)
     return path
+
+
+LLAMA_1B = {  # the shape of TinyLlama-1.1B: 1.10B parameters
+    "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def random_llama(shape: dict[str, object], seed: int = 0) -> LlamaModel:
+    """A float32 CPU Llama of the given config.json fields with random weights (N(0, 0.02),
+    norms 1), built in memory: a ~1B shape costs 4.4 GB of RAM but nothing on disk."""
+    config = ModelConfig.from_dict(dict(shape))
+    c, gen = config, torch.Generator().manual_seed(seed)
+
+    def normal(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen) * 0.02
+
+    weights = {
+        "model.embed_tokens.weight": normal(c.vocab_size, c.hidden_size),
+        "lm_head.weight": normal(c.vocab_size, c.hidden_size),
+        "model.norm.weight": torch.ones(c.hidden_size),
+    }
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj": (q, c.hidden_size), "self_attn.k_proj": (kv, c.hidden_size),
+                  "self_attn.v_proj": (kv, c.hidden_size), "self_attn.o_proj": (c.hidden_size, q),
+                  "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
+                  "mlp.up_proj": (c.intermediate_size, c.hidden_size),
+                  "mlp.down_proj": (c.hidden_size, c.intermediate_size)}  # fmt: skip
+        weights |= {f"{p}{name}.weight": normal(*size) for name, size in shapes.items()}
+        weights |= {f"{p}{norm}.weight": torch.ones(c.hidden_size)
+                    for norm in ("input_layernorm", "post_attention_layernorm")}  # fmt: skip
+    backend = choose_backend("auto", torch.device("cpu"), torch.float32)
+    return build_model(config, weights, backend, source="random llama")
