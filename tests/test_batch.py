@@ -137,3 +137,34 @@ def test_build_flattens_offsets_and_logit_rows() -> None:
     assert batch.logits_indices.tolist() == [1, 2, 3]
     assert batch.extra_mask is None
     assert (batch.num_seqs, batch.num_tokens) == (2, 4)
+    assert batch.kv_start is None  # two sequences: keys are gathered
+
+
+@pytest.mark.parametrize(
+    ("table", "context", "start"),
+    [([4, 5, 6], 12, 16), ([4, 5, 7], 12, None), ([4, 5, 9], 8, 16), ([3], 1, 12)],
+)
+def test_kv_start_of_a_lone_sequence(table: list[int], context: int, start: int | None) -> None:
+    """Only the blocks holding the context count (a table may hold a spare one)."""
+    chunk = SeqChunk([7], context - 1, [context - 1 + table[0] * BLOCK_SIZE], table)
+    assert ForwardBatch.build([chunk], BLOCK_SIZE).kv_start == start
+
+
+def test_keys_read_in_place_equal_gathered_keys(model) -> None:
+    """One sequence in consecutive blocks (read in place) and the same sequence in blocks
+    scattered by a neighbour (gathered) give the same logits, bit for bit."""
+    prompt, steps = ids(13, 5), ids(4, 6)
+    results = []
+    for scatter in (False, True):
+        runner = Runner(model)
+        seq, other = runner.sequence(), runner.sequence()
+        logits = [runner.forward([seq.chunk(prompt[:5])])]
+        if scatter:
+            runner.forward([other.chunk(ids(3, 7))])  # takes the next block
+        logits.append(runner.forward([seq.chunk(prompt[5:], num_logits=8)]))
+        for t in steps:
+            batch = ForwardBatch.build([seq.chunk([t])], BLOCK_SIZE)
+            assert (batch.kv_start is None) == scatter
+            logits.append(runner.model.forward(batch, runner.kv))
+        results.append(torch.cat(logits))
+    assert torch.equal(results[0], results[1])

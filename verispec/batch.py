@@ -46,6 +46,9 @@ class ForwardBatch:
     query_lens: list[int]  # host copy of the per-sequence new-token counts
     context_lens_host: list[int]  # host copy of context_lens (shapes without a device sync)
     block_size: int
+    kv_start: int | None = None
+    """First KV slot when the batch is one sequence whose blocks are consecutive: its keys are
+    then slots kv_start, kv_start + 1, ... and attention reads them in place (no gather)."""
 
     @property
     def num_seqs(self) -> int:
@@ -96,7 +99,20 @@ class ForwardBatch:
             query_lens=query_lens,
             context_lens_host=context_lens,
             block_size=block_size,
+            kv_start=_consecutive_start(chunks, context_lens, block_size),
         )
+
+
+def _consecutive_start(
+    chunks: Sequence[SeqChunk], context_lens: list[int], block_size: int
+) -> int | None:
+    """chunks[0]'s first slot if it is the only sequence and the blocks holding its context are
+    consecutive ids (e.g. [4, 5, 6] -> 64 with block_size 16), else None."""
+    if len(chunks) != 1:
+        return None
+    used = chunks[0].block_table[: -(-context_lens[0] // block_size)]
+    first = used[0]
+    return first * block_size if used == list(range(first, first + len(used))) else None
 
 
 def _check_chunk(c: SeqChunk, q: int) -> None:

@@ -32,15 +32,15 @@ def test_allocates_distinct_ids_until_exhausted() -> None:
     assert "num_blocks" in message and "max_num_seqs" in message
 
 
-def test_free_returns_block_to_pool_fifo() -> None:
+def test_free_returns_block_to_pool_last_freed_first() -> None:
     alloc = BlockAllocator(3)
     a, b, c = alloc.allocate(), alloc.allocate(), alloc.allocate()
     alloc.free(b)
     alloc.free(a)
     assert (alloc.num_free, alloc.num_used) == (2, 1)
     assert alloc.refcount(b) == 0
-    # Freed blocks come back in the order they were freed.
-    assert [alloc.allocate(), alloc.allocate()] == [b, a]
+    # The last freed block comes back first.
+    assert [alloc.allocate(), alloc.allocate()] == [a, b]
     assert alloc.refcount(c) == 1
 
 
@@ -101,3 +101,19 @@ def test_negative_counts_raise() -> None:
         alloc.can_allocate(-1)
     with pytest.raises(ValueError, match="negative"):
         alloc.allocate_many(-1)
+
+
+def test_a_rolled_back_table_regrows_into_its_own_consecutive_blocks() -> None:
+    from verispec.kv import BlockTable
+
+    alloc = BlockAllocator(16)
+    other = BlockTable(alloc, 4)
+    table = BlockTable(alloc, 4)
+    table.append_slots(9)  # blocks 0-2
+    other.append_slots(4)  # block 3
+    for grow in (8, 3, 12):  # speculative steps: append drafts, roll back most of them
+        table.append_slots(grow)
+        assert table.blocks == [0, 1, 2, 4, 5, 6][: len(table.blocks)]
+        table.truncate(10)
+    table.append_slots(10)  # 20 tokens
+    assert table.blocks == [0, 1, 2, 4, 5]

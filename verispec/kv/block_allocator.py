@@ -22,15 +22,17 @@ class CacheExhaustedError(RuntimeError):
 class BlockAllocator:
     """Hands out fixed-size KV blocks by id, with reference counts so blocks can be shared.
 
-    Allocation order is deterministic FIFO: at start the free list is ``0, 1, ..., n-1`` and a
-    block whose last reference is dropped goes to the back, so the same sequence of calls
-    always yields the same ids. Allocate and free are O(1) (a deque plus a refcount list).
+    Allocation order is deterministic: at start the free list is ``0, 1, ..., n-1`` and a
+    block whose last reference is dropped goes to the front (last freed, first reused), so the
+    same sequence of calls always yields the same ids, and a sequence that is rolled back and
+    grows again gets its own blocks back: a lone sequence's blocks stay consecutive, which lets
+    attention read its keys in place (AttentionLayout.kv_start). Allocate and free are O(1).
 
     >>> alloc = BlockAllocator(3)
     >>> alloc.allocate(), alloc.allocate()
     (0, 1)
     >>> alloc.free(0); alloc.allocate_many(2)
-    [2, 0]
+    [0, 2]
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -89,7 +91,7 @@ class BlockAllocator:
             raise ValueError(f"double free of block {block}: it is not allocated")
         self._refcounts[block] -= 1
         if self._refcounts[block] == 0:
-            self._free.append(block)
+            self._free.appendleft(block)
 
     def refcount(self, block: int) -> int:
         """Number of owners of ``block`` (0 when free); ``ValueError`` for an id out of range."""

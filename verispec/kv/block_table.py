@@ -83,7 +83,7 @@ class BlockTable:
                 f"cannot truncate to {num_tokens} tokens: must be in [0, {self.num_tokens}]"
             )
         keep = -(-num_tokens // self.block_size)
-        for block in self.blocks[keep:]:
+        for block in reversed(self.blocks[keep:]):  # last first: reused in their old order
             self.allocator.free(block)
         del self.blocks[keep:]
         self.num_tokens = num_tokens

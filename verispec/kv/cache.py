@@ -42,6 +42,11 @@ class KVCache:
             self.v[layer].index_select(0, flat).view(shape),
         )
 
+    def window(self, layer: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of consecutive slots [start, stop), in place: [1, stop - start,
+        kv_heads, head_dim] views each (what gather returns for one sequence, without a copy)."""
+        return self.k[layer, start:stop][None], self.v[layer, start:stop][None]
+
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

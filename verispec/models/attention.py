@@ -16,7 +16,8 @@ class AttentionLayout:
 
     q_rows: torch.Tensor | None  # [S, max_q] flat row of each query slot; None when S == 1
     q_valid: torch.Tensor | None  # [S, max_q] bool, False on padding; None when S == 1
-    kv_slots: torch.Tensor  # [S, max_ctx] KV slot of each key position
+    kv_slots: torch.Tensor | None  # [S, max_ctx] KV slot of each key; None: read in place
+    kv_range: tuple[int, int] | None  # the one sequence's keys are slots [start, stop)
     masks: dict[int | None, torch.Tensor | None]
     """Per sliding window (None = full): [S, 1, max_q, max_ctx] bool, True = attend; None when
     every query sees every key."""
@@ -34,9 +35,13 @@ class AttentionLayout:
             max(batch.query_lens),
             max(batch.context_lens_host),
         )
-        key = torch.arange(max_ctx, device=device)  # [C]
-        bs = batch.block_size
-        kv_slots = batch.block_tables[:, key // bs] * bs + key % bs  # [S, C]
+        kv_slots, kv_range = None, None
+        if batch.kv_start is not None:
+            kv_range = (batch.kv_start, batch.kv_start + max_ctx)
+        else:
+            key = torch.arange(max_ctx, device=device)  # [C]
+            bs = batch.block_size
+            kv_slots = batch.block_tables[:, key // bs] * bs + key % bs  # [S, C]
         q_rows = q_valid = None
         if num_seqs > 1:
             offs = torch.arange(max_q, device=device)[None, :]  # [1, Q]
@@ -45,7 +50,7 @@ class AttentionLayout:
             q_rows = torch.where(q_valid, batch.cu_query_lens[:-1, None] + offs, 0)
         masks = {w: _mask(batch, w, max_q, max_ctx) for w in windows}
         row_keys = {w: _row_keys(batch, w, masks[w]) for w in windows} if row_wise else None
-        return cls(q_rows, q_valid, kv_slots, masks, row_keys)
+        return cls(q_rows, q_valid, kv_slots, kv_range, masks, row_keys)
 
 
 def _mask(batch: ForwardBatch, window: int | None, max_q: int, max_ctx: int) -> torch.Tensor | None:

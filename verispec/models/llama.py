@@ -138,6 +138,9 @@ class LlamaModel:
         qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one pass
         q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
         kv.write(index, batch.slot_mapping, k, v)
-        keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
+        if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
+            keys, values = kv.window(index, *layout.kv_range)  # [1, C, KVH, D] each
+        else:
+            keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
         out = paged_attention(q, keys, values, layout, layer.window, self.scale)
         return layer.o(out)
