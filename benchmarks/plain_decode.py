@@ -23,12 +23,15 @@ from verispec.bench.report import write_json
 from verispec.bench.verify_cost import random_llama_125m
 
 RANDOM_125M = "llama-125m"
+RANDOM_125M_FP16 = "llama-125m-fp16"
 Run = tuple[list[int], float, float, list[float]]  # token ids, wall s, TTFT s, ITL gaps s
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=RANDOM_125M, help="llama-125m, embedded, or a directory")
+    p.add_argument("--model", default=RANDOM_125M,
+                   help="llama-125m, llama-125m-fp16 (the same weights stored in float16), "
+                   "embedded, or a directory")  # fmt: skip
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
@@ -43,21 +46,33 @@ def parse_args() -> argparse.Namespace:
 def resolve_model(name: str) -> Path:
     if name == RANDOM_125M:
         return random_llama_125m()
+    if name == RANDOM_125M_FP16:
+        return random_llama_125m("float16")
     if name == "embedded":
         from verispec.models.default import embedded_model_path
 
         return embedded_model_path("target")
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
-        sys.exit(f"--model {name}: not llama-125m, embedded, or a directory with config.json")
+        sys.exit(f"--model {name}: not llama-125m(-fp16), embedded, or a directory with "
+                 "config.json")  # fmt: skip
     return path
 
 
-def verispec_engine(path: Path, backend: str, max_len: int) -> Callable[[list[int], int], Run]:
+def verispec_engine(
+    path: Path, backend: str, max_len: int
+) -> tuple[Callable[[list[int], int], Run], set[str]]:
+    """A run function, and the linear kernels the loaded model uses."""
     from verispec import LLM, SamplingParams
 
     llm = LLM(model=str(path), dtype="float32", device="cpu", max_model_len=max_len,
               linear_backend=backend)  # fmt: skip
+    model = llm.engine.model
+    kernels = {model.lm_head.kernel} | {
+        lin.kernel
+        for layer in model.layers
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    }
 
     def run(prompt: list[int], n: int) -> Run:
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -66,7 +81,7 @@ def verispec_engine(path: Path, backend: str, max_len: int) -> Callable[[list[in
         wall = time.perf_counter() - t0
         return out.token_ids, wall, out.metrics.ttft_s or 0.0, list(out.metrics.itl_s)
 
-    return run
+    return run, kernels
 
 
 def hf_engine(path: Path) -> tuple[Callable[[list[int], int], Run], int]:
@@ -145,11 +160,17 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     path = resolve_model(args.model)
     hf, n_params = hf_engine(path)
-    engines = {
-        "transformers": hf,
-        "verispec (auto)": verispec_engine(path, "auto", args.prompt_len + args.new_tokens),
-        "verispec (torch)": verispec_engine(path, "torch", args.prompt_len + args.new_tokens),
-    }
+    max_len = args.prompt_len + args.new_tokens
+    engines: dict[str, Callable[[list[int], int], Run]] = {"transformers": hf}
+    for backend in ("auto", "onednn", "torch"):
+        run, kernels = verispec_engine(path, backend, max_len)
+        if backend == "auto":
+            auto_kernels = kernels
+        elif kernels == auto_kernels:
+            continue  # the same kernels as auto (e.g. onednn for a float32 checkpoint)
+        engines[f"verispec ({backend})"] = run
+    print(f"verispec (auto) uses the {'/'.join(sorted(auto_kernels))} linear kernel(s)",
+          file=sys.stderr)  # fmt: skip
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist()
@@ -176,7 +197,8 @@ def main() -> None:
 
     settings = {
         "model": args.model, "path": str(path), "params": n_params, "dtype": "float32",
-        "method": "plain greedy decoding", "concurrency": 1, "threads": args.threads,
+        "method": "plain greedy decoding", "auto_kernels": sorted(auto_kernels),
+        "concurrency": 1, "threads": args.threads,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": args.repeats,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "cpu": cpu_model(),

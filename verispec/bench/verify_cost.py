@@ -91,10 +91,12 @@ def cache_dir() -> Path:
     return Path(root) / "bench"
 
 
-def random_llama_125m() -> Path:
+def random_llama_125m(dtype: str = "float32") -> Path:
     """A random-weight Llama of the ~125M shape (hidden 768, 12 layers, 12 heads, MLP 3072,
     vocab 32000, untied head; 162M parameters), seed 0, with the embedded models' 8192-token
-    tokenizer (ids beyond it are never produced by text), made once in the cache."""
+    tokenizer (ids beyond it are never produced by text), made once in the cache.
+    dtype "float16" saves the same weights rounded to float16 (a half-size checkpoint, as
+    most published ones are 16-bit), in its own directory."""
     import os
     import shutil
 
@@ -102,7 +104,10 @@ def random_llama_125m() -> Path:
 
     from verispec.models.default import embedded_model_path
 
-    path = cache_dir() / "llama-125m-random"
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
+    suffix = "" if dtype == "float32" else "-fp16"
+    path = cache_dir() / f"llama-125m-random{suffix}"
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
     print(f"creating {path} (random weights, once) ...", file=sys.stderr, flush=True)
@@ -113,7 +118,7 @@ def random_llama_125m() -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    LlamaForCausalLM(config).save_pretrained(str(tmp))
+    LlamaForCausalLM(config).to(getattr(torch, dtype)).save_pretrained(str(tmp))
     GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2).save_pretrained(str(tmp))
     tokenizer = embedded_model_path("target")
     for name in ("tokenizer.json", "tokenizer_config.json"):
