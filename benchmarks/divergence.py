@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
                    help="the first N prompts also run with batch_invariant=True")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=1, help="requests decoding at once")
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
-    p.add_argument("--linear-backend", default="auto", help="auto (oneDNN on fp32 CPU) or torch")
+    p.add_argument("--linear-backend", default="auto", help="auto, onednn, fp16 or torch")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write {settings, rows} here")
     args = p.parse_args()
