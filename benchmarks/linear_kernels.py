@@ -79,7 +79,6 @@ def main() -> None:
             "int8" if k == "int8" else None)) for w in ws] for ws in weights]
         for k in kernels
     }  # fmt: skip
-    del weights
     times: dict[tuple[str, int], list[float]] = {(k, m): [] for k in kernels for m in args.rows}
     xs = {m: torch.randn(m, max(i for _, i in layer), generator=gen) for m in args.rows}
 
@@ -91,8 +90,15 @@ def main() -> None:
 
         return run
 
+    plain = [w for ws in weights for w in ws]  # float32 originals, kept for the read reference
+    read_times: list[float] = []
     with torch.inference_mode():
         for rnd in range(args.repeats + 1):  # round 0 warms up
+            started = time.perf_counter()
+            for w in plain:
+                w.sum()  # what merely reading the same float32 bytes costs
+            if rnd:
+                read_times.append(time.perf_counter() - started)
             for m in args.rows:
                 for kernel in kernels:
                     run = one_pass(kernel, m)
@@ -112,6 +118,7 @@ def main() -> None:
     settings = {
         "shape": args.shape, "layer_products": layer, "copies": copies,
         "fp32_mb_per_pass": copies * layer_bytes / 1e6, "repeats": args.repeats,
+        "read_gb_s": copies * layer_bytes / statistics.median(read_times) / 1e9,
         "threads": args.threads, "torch": torch.__version__, "cpu": cpu_model(),
         "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -40,7 +40,7 @@ def test_auto_keeps_fp16_values_in_fp16_and_rounds_nothing() -> None:
 
 @needs_fp16
 def test_fp16_backend_refuses_weights_it_would_round() -> None:
-    with pytest.raises(ValueError, match="exactly representable.*quantization='fp16'"):
+    with pytest.raises(ValueError, match=r"exactly representable.*quantization='fp16'"):
         kernel_for("fp16", weights(8, 4, fp16_values=False))
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.testing import assert_close
 from conftest import make_checkpoint
+from torch.testing import assert_close
 from transformers import PreTrainedModel
 
 from verispec import LLM

@@ -67,8 +67,9 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     weight first, so the rules below then pick the fp16 kernel on a float32 CPU.
 
     "auto" (float32 CPU): "fp16" when the weight is exactly representable in float16 (it
-    streams half the bytes and its 1-16-row products run 1.4-2.5x faster than oneDNN's on
-    this AMD CPU, benchmarks/README.md), else prepacked oneDNN, else torch's F.linear.
+    streams half the bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on this
+    AMD CPU, about as fast at 16 rows; benchmarks/linear_kernels.py), else prepacked oneDNN,
+    else torch's F.linear.
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
