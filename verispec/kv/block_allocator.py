@@ -26,7 +26,7 @@ class BlockAllocator:
     block whose last reference is dropped goes to the front (last freed, first reused), so the
     same sequence of calls always yields the same ids, and a sequence that is rolled back and
     grows again gets its own blocks back: a lone sequence's blocks stay consecutive, which lets
-    attention read its keys in place (AttentionLayout.kv_start). Allocate and free are O(1).
+    attention read its keys in place (ForwardBatch.kv_start). Allocate and free are O(1).
 
     >>> alloc = BlockAllocator(3)
     >>> alloc.allocate(), alloc.allocate()
