@@ -10,7 +10,6 @@ See benchmarks/README.md for the pair, the workload and the columns.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 from plain_decode import thread_env
 from spec_decode import num_parameters, resolve_pair, workload
 
-from verispec.bench.main import cpu_model
+from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
 from verispec.spec.registry import method_names
@@ -127,12 +126,10 @@ def main() -> None:
                     f"{n} new tokens each, ignore_eos; batch-invariant runs: first {len(subset)}",
         "concurrency": args.concurrency, "k": args.k, "dtype": args.dtype,
         "linear_backend": args.linear_backend,
-        "threads": args.threads, "torch": torch.__version__, "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "env": thread_env(),
+        "threads": args.threads,
+        **run_facts(load_before), "env": thread_env(),
     }  # fmt: skip
-    for key, value in settings.items():
-        print(f"{key:>14}: {value}")
+    print_settings(settings)
     print()
     print("| mode | method | k | requests | differ from plain | fraction | mean first divergence "
           "| median first divergence | draft tokens | acceptance rate |")  # fmt: skip

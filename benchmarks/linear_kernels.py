@@ -9,7 +9,6 @@ kernels run interleaved in one process; see benchmarks/README.md for the columns
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.main import cpu_model
+from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.models.linear import Linear, fp16_kernel_available, onednn_available
 
@@ -28,7 +27,6 @@ SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
     "llama-1b": [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)],
     "embedded": [(1024, 512), (512, 512), (2816, 512), (512, 1408)],
 }
-KERNELS = ("torch", "onednn", "fp16", "int8")
 
 
 def parse_args() -> argparse.Namespace:
@@ -119,12 +117,10 @@ def main() -> None:
         "shape": args.shape, "layer_products": layer, "copies": copies,
         "fp32_mb_per_pass": copies * layer_bytes / 1e6, "repeats": args.repeats,
         "read_gb_s": copies * layer_bytes / statistics.median(read_times) / 1e9,
-        "threads": args.threads, "torch": torch.__version__, "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "threads": args.threads,
+        **run_facts(load_before),
     }  # fmt: skip
-    for key, value in settings.items():
-        print(f"{key:>16}: {value}")
+    print_settings(settings)
     print()
     head = " | ".join(kernels)
     print(f"us per layer (float32-equivalent GB/s)\n\n| rows | {head} | fp16 vs onednn |")

@@ -7,7 +7,6 @@ engine's token ids are checked against transformers'. See benchmarks/README.md f
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.main import cpu_model
+from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.bench.verify_cost import random_llama_125m
 
@@ -200,13 +199,10 @@ def main() -> None:
         "method": "plain greedy decoding", "auto_kernels": sorted(auto_kernels),
         "concurrency": 1, "threads": args.threads,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "env": thread_env(),
+        "transformers": transformers.__version__,
+        **run_facts(load_before), "env": thread_env(),
     }  # fmt: skip
-    for key, value in settings.items():
-        print(f"{key:>13}: {value}")
+    print_settings(settings)
     print()
     print("| engine | decode tok/s | e2e tok/s | TTFT med ms | TTFT p90 ms | ITL med ms "
           "| ITL p90 ms | decode vs HF | greedy = HF |")  # fmt: skip

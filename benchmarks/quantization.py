@@ -8,7 +8,6 @@ interleaved in one process. See benchmarks/README.md for the columns.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -45,7 +44,7 @@ def main() -> None:
     import torch
 
     from verispec import LLM, SamplingParams, SpecConfig
-    from verispec.bench.main import cpu_model
+    from verispec.bench.main import print_settings, run_facts
     from verispec.bench.report import write_json
     from verispec.bench.workloads import WORKLOADS
     from verispec.models.default import embedded_model_path
@@ -98,12 +97,10 @@ def main() -> None:
         "target": str(target), "draft": str(draft), "workload": "code", "prompts": args.prompts,
         "max_tokens": args.max_tokens, "k": args.k, "temperature": 0, "repeats": args.repeats,
         "threads": args.threads, "dtype": "float32", "concurrency": 1,
-        "torch": torch.__version__, "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+
+        **run_facts(load_before),
     }  # fmt: skip
-    for key, value in settings.items():
-        print(f"{key:>11}: {value}")
+    print_settings(settings)
     print("\n| configuration | tok/s | vs plain | acceptance | = plain of its target | "
           f"requests = unquantized plain (of {args.prompts}) |")  # fmt: skip
     print("|---|---|---|---|---|---|")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import math
 import os
 import statistics
@@ -23,7 +22,7 @@ from typing import Any
 from plain_decode import thread_env
 
 from verispec.bench.harness import alpha_from_length, predicted_speedup
-from verispec.bench.main import cpu_model
+from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
 from verispec.spec.registry import method_names
@@ -279,12 +278,10 @@ def main() -> None:
         "sampling": "temperature 0 (greedy); temperature 1.0 with top_p 0.95, seed = prompt index",
         "repeats": args.repeats, "dtype": "float32", "threads": args.threads,
         "plain_forward_ms": f"{1e3 * plain_fwd_s:.2f} (median single-token target forward)",
-        "torch": torch.__version__, "transformers": transformers.__version__, "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "env": thread_env(),
+        "transformers": transformers.__version__,
+        **run_facts(load_before), "env": thread_env(),
     }  # fmt: skip
-    for key, value in settings.items():
-        print(f"{key:>16}: {value}")
+    print_settings(settings)
     print()
     print("| method | k | temp | top_p | plain tok/s | spec tok/s | speedup | accept rate "
           "| mean accept len | per-position | draft cost c | verify cost | pred. (a = rate) "

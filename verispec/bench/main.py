@@ -129,6 +129,26 @@ def _settings_line(info: dict[str, Any]) -> str:
     return "settings: " + ", ".join(f"{k}={info.get(k)}" for k in keys)
 
 
+def run_facts(load_before: float) -> dict[str, str]:
+    """The machine facts every benchmark prints beside its figures: torch, CPU, the 1-minute
+    load average at start (load_before) and now, and the date."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def print_settings(settings: dict[str, Any]) -> None:
+    """One right-aligned `key: value` line per setting."""
+    width = max(map(len, settings), default=0)
+    for key, value in settings.items():
+        print(f"{key:>{width}}: {value}")
+
+
 def cpu_model() -> str:
     """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
     try:
