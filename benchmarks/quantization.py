@@ -47,6 +47,7 @@ def main() -> None:
     from verispec.bench.main import print_settings, run_facts
     from verispec.bench.report import write_json
     from verispec.bench.workloads import WORKLOADS
+    from verispec.metrics import SpecStats
     from verispec.models.default import embedded_model_path
 
     torch.set_num_threads(args.threads)
@@ -64,14 +65,16 @@ def main() -> None:
     acceptance: dict[str, float | None] = {}
     for rep in range(args.repeats + 1):  # repeat 0 warms up
         for name, llm in llms.items():
-            llm.engine.spec_stats.__init__()  # count this repeat only
             started = time.perf_counter()
             outs = [llm.generate([p], params)[0] for p in prompts]  # concurrency 1
             wall = time.perf_counter() - started
             if rep:
                 rates[name].append(sum(len(o.token_ids) for o in outs) / wall)
             outputs[name] = [o.token_ids for o in outs]
-            acceptance[name] = llm.engine.spec_stats.acceptance_rate
+            stats = SpecStats()  # this repeat's requests only
+            for o in outs:
+                stats.merge(o.metrics.spec)
+            acceptance[name] = stats.acceptance_rate
         print(f"repeat {rep}/{args.repeats} done", file=sys.stderr)
 
     def same_target(name: str) -> str:

@@ -111,10 +111,12 @@ def make_checkpoint(
 
 def round_matrices_to_fp16(model: PreTrainedModel) -> None:
     """Round every matrix of model in place to the nearest float16 value (kept float32)."""
+    from verispec.models.quantization import round_to_fp16
+
     with torch.no_grad():
         for weight in model.parameters():
             if weight.dim() == 2:
-                weight.copy_(weight.half().float())
+                weight.copy_(round_to_fp16(weight))
 
 
 def make_perturbed_copy(

@@ -138,29 +138,16 @@ LLAMA_1B = {  # the shape of TinyLlama-1.1B: 1.10B parameters
 
 
 def random_llama(shape: dict[str, object], seed: int = 0) -> LlamaModel:
-    """A float32 CPU Llama of the given config.json fields with random weights (N(0, 0.02),
-    norms 1), built in memory: a ~1B shape costs 4.4 GB of RAM but nothing on disk."""
-    config = ModelConfig.from_dict(dict(shape))
-    c, gen = config, torch.Generator().manual_seed(seed)
+    """A float32 CPU Llama of the given config.json fields with transformers' random init
+    (seeded, global RNG untouched), built in memory: a ~1B shape costs 4.4 GB of RAM but
+    nothing on disk."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    def normal(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen) * 0.02
-
-    weights = {
-        "model.embed_tokens.weight": normal(c.vocab_size, c.hidden_size),
-        "lm_head.weight": normal(c.vocab_size, c.hidden_size),
-        "model.norm.weight": torch.ones(c.hidden_size),
-    }
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        shapes = {"self_attn.q_proj": (q, c.hidden_size), "self_attn.k_proj": (kv, c.hidden_size),
-                  "self_attn.v_proj": (kv, c.hidden_size), "self_attn.o_proj": (c.hidden_size, q),
-                  "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
-                  "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-                  "mlp.down_proj": (c.hidden_size, c.intermediate_size)}  # fmt: skip
-        weights |= {f"{p}{name}.weight": normal(*size) for name, size in shapes.items()}
-        weights |= {f"{p}{norm}.weight": torch.ones(c.hidden_size)
-                    for norm in ("input_layernorm", "post_attention_layernorm")}  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        hf = LlamaForCausalLM(LlamaConfig(**shape))
+    config = ModelConfig.from_dict(hf.config.to_dict())
+    weights = {name: t.detach() for name, t in hf.state_dict().items()}
+    del hf
     backend = choose_backend("auto", torch.device("cpu"), torch.float32)
     return build_model(config, weights, backend, source="random llama")

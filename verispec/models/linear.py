@@ -34,7 +34,7 @@ def exactly_fp16(weight: torch.Tensor) -> bool:
     Example: 0.5 and 1.0009765625 (= 1 + 2**-10) do; 0.1, 1e-8 and 70000.0 do not.
     Checkpoints stored in float16 always do, so keeping them in float16 loses nothing.
     """
-    return bool(torch.equal(weight.to(torch.float16).to(weight.dtype), weight))
+    return bool(torch.equal(round_to_fp16(weight), weight))
 
 
 def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dtype) -> str:
