@@ -22,7 +22,7 @@ from spec_decode import num_parameters, resolve_pair, workload
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
-from verispec.spec.registry import method_names
+from verispec.drafters.registry import method_names
 
 
 def parse_args() -> argparse.Namespace:

@@ -25,7 +25,7 @@ from verispec.bench.harness import alpha_from_length, predicted_speedup
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.cli import method_takes_draft
-from verispec.spec.registry import method_names
+from verispec.drafters.registry import method_names
 
 BENCH = Path.home() / ".cache/verispec/bench"
 TEMPERATURES = ((0.0, 1.0), (1.0, 0.95))  # (temperature, top_p)

@@ -12,8 +12,8 @@ from conftest import SPEC_PAIRS
 
 from verispec import cli
 from verispec.cli import build_parser, main, method_takes_draft
+from verispec.drafters.registry import PLAIN, method_names
 from verispec.models.default import embedded_model_path
-from verispec.spec.registry import PLAIN, method_names
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec.config import SpecConfig
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
 from verispec.models.quantization import QUANTIZATIONS
-from verispec.spec.registry import PLAIN, method_names, takes_draft_model
 
 EXIT_BAD_INPUT = 2
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from verispec.drafters.registry import DEFAULT_METHOD, takes_draft_model
 from verispec.models.linear import LinearBackend
 from verispec.models.quantization import check_quantization
-from verispec.spec.registry import DEFAULT_METHOD, takes_draft_model
 
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -88,7 +88,7 @@ class SpecConfig:
     """Speculative decoding settings; key names follow vLLM's speculative_config."""
 
     method: str = DEFAULT_METHOD
-    """Where drafts come from (the registry in verispec/spec/registry.py lists them)."""
+    """Where drafts come from (the registry in verispec/drafters/registry.py lists them)."""
     model: str | None = None
     """Draft checkpoint directory or hub id (draft_model only)."""
     num_speculative_tokens: int = 4
@@ -102,7 +102,7 @@ class SpecConfig:
     output, only how often drafts are accepted (and how fast the draft runs)."""
 
     def __post_init__(self) -> None:
-        from verispec.spec.registry import method_names
+        from verispec.drafters.registry import method_names
 
         check_quantization(self.quantization, "speculative quantization")
         if self.quantization is not None and not takes_draft_model(self.method):

@@ -7,7 +7,7 @@ from conftest import SPEC_PAIRS
 
 from verispec.bench.engines import MethodSpec, Sampling, TransformersEngine, VerispecEngine
 from verispec.cli import method_takes_draft
-from verispec.spec.registry import PLAIN, method_names
+from verispec.drafters.registry import PLAIN, method_names
 
 ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
 DRAFT_METHOD = next(m for m in method_names() if method_takes_draft(m))

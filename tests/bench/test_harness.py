@@ -19,7 +19,7 @@ from verispec.bench.harness import (
 )
 from verispec.bench.verify_cost import verify_cost_curve
 from verispec.cli import main, method_takes_draft
-from verispec.spec.registry import PLAIN, method_names
+from verispec.drafters.registry import PLAIN, method_names
 
 ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from verispec import LLM, SamplingParams
-from verispec.engine.request import Status
 from verispec.metrics import PHASES, StepTimes
 from verispec.outputs import RequestOutput
+from verispec.request import Status
 
 Prompt = str | list[int]
 PROMPTS: list[Prompt] = [

@@ -14,9 +14,9 @@ from typing import NamedTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.request import Request, Status
 from verispec.sampling_params import SamplingParams
 
 EOS = 1

@@ -12,9 +12,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.bench.workloads import code_completion_prompts, spread
 from verispec.models.default import EMBEDDED_DIR, default_model_path, embedded_model_path
 from verispec.train.corpus import corpus_files
+from verispec.train.prompts import code_completion_prompts, spread
 
 from .harness import BACKENDS, Runner, hf_logits, native_model
 

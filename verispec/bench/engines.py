@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
+from verispec.drafters.registry import PLAIN, takes_draft_model
 from verispec.metrics import SpecStats, StepTimes
-from verispec.spec.registry import PLAIN, takes_draft_model
 
 
 @dataclass

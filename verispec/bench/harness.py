@@ -25,8 +25,8 @@ from verispec.bench.engines import (
     takes_draft,
 )
 from verispec.bench.workloads import WORKLOADS
+from verispec.drafters.registry import PLAIN, method_names
 from verispec.metrics import SpecStats
-from verispec.spec.registry import PLAIN, method_names
 
 ENGINES = {"verispec": VerispecEngine, "transformers": TransformersEngine}
 DRAFT_ALONE = "draft-alone"  # a plain run of the draft model, for the draft/target cost ratio

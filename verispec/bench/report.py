@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verispec.spec.registry import PLAIN
+from verispec.drafters.registry import PLAIN
 
 COLUMNS = (  # (header, row field, format, scale)
     ("engine", "engine", "s", 1),

@@ -1,6 +1,6 @@
 """The serving loop: requests, scheduler, model runner and engine."""
 
 from verispec.engine.engine import Engine
-from verispec.engine.request import Request
+from verispec.request import Request
 
 __all__ = ["Engine", "Request"]

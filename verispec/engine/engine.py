@@ -8,7 +8,8 @@ import math
 import torch
 
 from verispec.config import EngineConfig
-from verispec.engine.request import Request
+from verispec.drafters.proposer import Proposer, TargetInfo
+from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.kv import BlockAllocator, BlockTable
@@ -16,9 +17,8 @@ from verispec.metrics import SpecStats, StepTimes
 from verispec.models.default import default_model_path
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.outputs import RequestOutput
+from verispec.request import Request
 from verispec.sampling_params import SamplingParams
-from verispec.spec.proposer import Proposer, TargetInfo
-from verispec.spec.registry import make_proposer
 from verispec.tokenizer import Tokenizer
 
 

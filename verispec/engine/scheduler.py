@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from verispec.engine.request import Request, Status
 from verispec.kv import CacheExhaustedError
+from verispec.request import Request, Status
 
 
 @dataclass(slots=True)

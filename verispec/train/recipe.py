@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     )
 
 from verispec.train.corpus import corpus_files, read_texts, tokenize_files
+from verispec.train.prompts import build_prompts, spread
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 from verispec.train.trainer import (
     TrainConfig,
@@ -285,7 +286,6 @@ def evaluate_pair(
     from transformers import AutoModelForCausalLM
 
     from verispec import LLM, SamplingParams, SpecConfig
-    from verispec.bench.workloads import WORKLOADS, build_workload, spread
     from verispec.metrics import SpecStats
 
     report: dict[str, Any] = {}
@@ -301,8 +301,8 @@ def evaluate_pair(
         speculative=SpecConfig(model=str(draft), num_speculative_tokens=recipe.eval_k),
     )  # fmt: skip
     room = llm.engine.max_model_len - recipe.eval_max_tokens  # prompts that fit with their output
-    prompts = build_workload(
-        WORKLOADS["code"], recipe.files("heldout"), num_prompts=recipe.eval_prompts,
+    prompts = build_prompts(
+        "code", recipe.files("heldout"), recipe.eval_prompts,
         fits=lambda text: len(llm.tokenizer(text).input_ids) <= room,
     )  # fmt: skip
     if not prompts:

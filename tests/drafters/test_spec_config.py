@@ -6,7 +6,7 @@ import pytest
 
 import verispec
 from verispec.config import MAX_SPECULATIVE_TOKENS
-from verispec.spec.registry import method_names
+from verispec.drafters.registry import method_names
 
 
 def test_public_import_and_defaults() -> None:

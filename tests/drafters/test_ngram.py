@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verispec.spec.ngram import propose_ngram
+from verispec.drafters.ngram import propose_ngram
 
 
 def reference(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

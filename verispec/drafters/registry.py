@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from verispec.config import EngineConfig, SpecConfig
-    from verispec.spec.proposer import Proposer, TargetInfo
+    from verispec.drafters.proposer import Proposer, TargetInfo
 
 
 def _draft_model(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
-    from verispec.spec.draft_model import DraftModelProposer
+    from verispec.drafters.draft_model import DraftModelProposer
 
     return DraftModelProposer(spec, config, target)
 
 
 def _ngram(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
-    from verispec.spec.ngram import NgramProposer
+    from verispec.drafters.ngram import NgramProposer
 
     return NgramProposer(spec)
 

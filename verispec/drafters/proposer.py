@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from verispec.engine.request import Request
+from verispec.request import Request
 from verispec.tokenizer import Tokenizer
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from verispec.spec.proposer import Drafts
+from verispec.drafters.proposer import Drafts
 
 if TYPE_CHECKING:
     from verispec.config import SpecConfig
-    from verispec.engine.request import Request
+    from verispec.request import Request
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -10,11 +10,11 @@ import torch
 
 from verispec.batch import ForwardBatch, SeqChunk
 from verispec.config import EngineConfig, SpecConfig
-from verispec.engine.request import Request
+from verispec.drafters.proposer import Drafts, TargetInfo
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.loader import load_model, resolve_model_path
+from verispec.request import Request
 from verispec.sample import SamplingTensors, sample, warp
-from verispec.spec.proposer import Drafts, TargetInfo
 from verispec.tokenizer import Tokenizer
 
 

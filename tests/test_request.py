@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from verispec.engine import request as request_module
-from verispec.engine.request import Request, Status
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.request import Request, Status
 from verispec.sampling_params import SamplingParams
 
 EOS = 99

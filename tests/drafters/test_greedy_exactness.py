@@ -16,10 +16,10 @@ import torch
 from conftest import CORPUS, SPEC_PAIRS
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Scheduler
 from verispec.outputs import RequestOutput
+from verispec.request import Request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 METHODS = ("draft_model", "ngram")

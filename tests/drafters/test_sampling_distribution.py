@@ -8,7 +8,7 @@ requests generate; the joint counts of their first 3 tokens (12^3 cells) are com
 exact joint p(t1) p(t2 | t1) p(t3 | t1, t2), computed from transformers' logits of every prefix
 passed through verispec's `warp` with the same SamplingParams.
 
-The statistics (tests/spec/stats.py) and their thresholds:
+The statistics (tests/drafters/stats.py) and their thresholds:
 - Pearson chi-square over cells pooled to expected counts >= 5; an exact sampler fails with
   probability ALPHA = 1e-3 per case.
 - total variation over all cells <= a bound of order sqrt(cells / N) that an exact sampler

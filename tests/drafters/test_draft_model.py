@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.batch import ForwardBatch, SeqChunk
+from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine import Engine
-from verispec.engine.request import Request, Status
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.metrics import SpecStats
 from verispec.models.llama import LlamaModel
-from verispec.spec.draft_model import check_vocabularies
+from verispec.request import Request, Status
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 
