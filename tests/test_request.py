@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from verispec.engine import request as request_module
+from verispec import request as request_module
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.request import Request, Status
 from verispec.sampling_params import SamplingParams
