@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from verispec.drafters.registry import DEFAULT_METHOD, takes_draft_model
+from verispec.drafters.registry import DEFAULT_METHOD, method
+from verispec.models.default import embedded_model_path
 from verispec.models.linear import LinearBackend
 from verispec.models.quantization import check_quantization
 
@@ -93,48 +94,55 @@ class SpecConfig:
     """Draft checkpoint directory or hub id (draft_model only)."""
     num_speculative_tokens: int = 4
     """k: draft tokens proposed per step (shrinks near the context and max_tokens limits)."""
-    prompt_lookup_min: int = 2
-    """Shortest suffix n-gram the ngram method looks up."""
-    prompt_lookup_max: int = 4
-    """Longest suffix n-gram the ngram method looks up (tried first)."""
+    prompt_lookup_min: int | None = None
+    """Shortest suffix n-gram prompt lookup tries (methods that look up the prompt; default 2)."""
+    prompt_lookup_max: int | None = None
+    """Longest suffix n-gram prompt lookup tries, first (default 4)."""
     quantization: str | None = None
     """Round the draft's linear weights at load: None, fp16 or int8. Never affects the
     output, only how often drafts are accepted (and how fast the draft runs)."""
 
     def __post_init__(self) -> None:
-        from verispec.drafters.registry import method_names
-
+        traits = method(self.method)  # ValueError listing the methods for an unknown name
         check_quantization(self.quantization, "speculative quantization")
-        if self.quantization is not None and not takes_draft_model(self.method):
-            raise ValueError(
-                f"speculative quantization applies to a draft model; method {self.method!r} "
-                "has none"
-            )
-        if self.method not in method_names():
-            raise ValueError(
-                f"speculative method must be one of {', '.join(method_names())}; "
-                f"got {self.method!r}"
-            )
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
                 f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
                 f"got {k!r}"
             )
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-            raise ValueError(
-                "prompt_lookup_min and prompt_lookup_max must be integers with "
-                f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
-            )
-        if takes_draft_model(self.method) and not self.model:
+        if traits.takes_draft_model and not self.model:
             raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub id)")
+        self._refuse_unused(traits.takes_draft_model, traits.takes_prompt_lookup)
+        if traits.takes_prompt_lookup:
+            lo = 2 if self.prompt_lookup_min is None else self.prompt_lookup_min
+            hi = 4 if self.prompt_lookup_max is None else self.prompt_lookup_max
+            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+                raise ValueError(
+                    "prompt_lookup_min and prompt_lookup_max must be integers with "
+                    f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
+                )
+            self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
+
+    def _refuse_unused(self, takes_draft_model: bool, takes_prompt_lookup: bool) -> None:
+        """Options the method would ignore are errors, never silently dropped."""
+        unused = []
+        if not takes_draft_model:
+            unused += [f for f in ("model", "quantization") if getattr(self, f) is not None]
+        if not takes_prompt_lookup:
+            unused += [
+                f for f in ("prompt_lookup_min", "prompt_lookup_max")
+                if getattr(self, f) is not None
+            ]  # fmt: skip
+        if unused:
+            raise ValueError(
+                f"method {self.method!r} does not use {', '.join(unused)}; drop "
+                f"{'it' if len(unused) == 1 else 'them'} or choose a method that does"
+            )
 
 
 def default_speculative(model: str | None) -> SpecConfig | None:
     """What speculative="auto" means: the embedded draft for the embedded target, else None."""
     if model is not None:
         return None
-    from verispec.models.default import embedded_model_path
-
     return SpecConfig(method=DEFAULT_METHOD, model=str(embedded_model_path("draft")))

@@ -14,6 +14,7 @@ import torch
 from verispec.kv import BlockTable
 from verispec.metrics import SpecStats
 from verispec.outputs import FinishReason, RequestMetrics, RequestOutput
+from verispec.sample import SamplingTensors
 from verispec.sampling_params import SamplingParams
 
 
@@ -126,3 +127,20 @@ class Request:
             e2e_s=(self.finish_time - self.arrival_time) if self.finish_time else None,
             spec=copy.deepcopy(self.spec_stats),
         )
+
+
+def sampling_tensors(
+    rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int, device: torch.device
+) -> SamplingTensors:
+    """Warping tensors for logits rows, each given as (request, draft tokens that row's history
+    holds after the request's output). Histories matter only for penalties, so the per-row copy
+    is made only then: target and drafter warp identically (docs/design.md, exactness)."""
+    outputs = [
+        r.output_token_ids + list(extra) if extra and r.params.needs_penalties
+        else r.output_token_ids
+        for r, extra in rows
+    ]  # fmt: skip
+    return SamplingTensors.build(
+        [r.params for r, _ in rows], [r.prompt_token_ids for r, _ in rows], outputs, vocab_size,
+        device,
+    )  # fmt: skip

@@ -92,7 +92,8 @@ def check_caches(engine: Engine, requests: list[Request]) -> int:
         assert r.block_table.num_tokens == n
         if n:
             slots = r.block_table.slots(0, n)
-            assert_cache_holds(engine.model, engine.runner.kv, slots, r.all_token_ids[:n], "target")
+            target_kv = engine.runner.target.kv
+            assert_cache_holds(engine.model, target_kv, slots, r.all_token_ids[:n], "target")
         state = proposer.states.get(r.request_id)
         if state is None:
             continue
@@ -102,7 +103,7 @@ def check_caches(engine: Engine, requests: list[Request]) -> int:
         valid = common_prefix(held, r.all_token_ids)
         stale += len(held) - valid
         slots = state.table.slots(0, valid)
-        assert_cache_holds(proposer.model, proposer.kv, slots, held[:valid], "draft")
+        assert_cache_holds(proposer.model, proposer.paged.kv, slots, held[:valid], "draft")
     return stale
 
 

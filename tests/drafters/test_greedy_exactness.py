@@ -2,7 +2,7 @@
 
 Every case runs in batch-invariant mode, where each row's logits are bit-for-bit what a lone
 decode step computes, so equality (not similarity) with plain decoding is the contract
-(DESIGN.md, 3). Each case also checks that acceptance was partial, so drafts were really
+(docs/design.md, 3). Each case also checks that acceptance was partial, so drafts were really
 rejected and rolled back, not all kept or all thrown away.
 """
 
@@ -273,8 +273,6 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
     out, llm = speculative(target, draft, method, k, prompts, params, **engine)
     assert_same(out, ref)
     assert preemptions, "the cache was big enough; nothing was preempted"
-    assert not llm.engine.scheduler.preempted
-    assert not plain.llm(target, **engine).engine.scheduler.preempted  # none kept alive
     assert llm.engine.allocator.num_free == 12  # every block came back
     if method == "draft_model":
         assert llm.engine.proposer.allocator.num_used == 0 and not llm.engine.proposer.states

@@ -1,5 +1,5 @@
 """Speculative sampling is lossless: the first generated tokens follow the target's exact
-(warped) distribution, checked statistically end to end through LLM.generate (DESIGN.md, 3).
+(warped) distribution, checked statistically end to end through LLM.generate (docs/design.md, 3).
 
 Setup: a 12-token vocabulary, a tiny Llama target whose distributions are far from uniform,
 and a draft that disagrees with it often (acceptance about 0.5), so accepted drafts, recovered

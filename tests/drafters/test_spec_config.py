@@ -6,7 +6,7 @@ import pytest
 
 import verispec
 from verispec.config import MAX_SPECULATIVE_TOKENS
-from verispec.drafters.registry import method_names
+from verispec.drafters.registry import method_names, takes_draft_model
 
 
 def test_public_import_and_defaults() -> None:
@@ -15,13 +15,15 @@ def test_public_import_and_defaults() -> None:
     assert SpecConfig is verispec.config.SpecConfig
     spec = SpecConfig(model="/draft")
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/draft", 4)
-    assert spec.prompt_lookup_min <= spec.prompt_lookup_max
+    assert spec.prompt_lookup_min is None and spec.prompt_lookup_max is None  # draft_model: unused
+    lookup = SpecConfig(method="ngram")
+    assert (lookup.prompt_lookup_min, lookup.prompt_lookup_max) == (2, 4)
 
 
 def test_every_registered_method_is_accepted() -> None:
     for name in method_names():
-        spec = verispec.SpecConfig(method=name, model="/some/draft")
-        assert spec.method == name
+        model = "/some/draft" if takes_draft_model(name) else None
+        assert verispec.SpecConfig(method=name, model=model).method == name
 
 
 @pytest.mark.parametrize("k", [1, 8, MAX_SPECULATIVE_TOKENS])
@@ -31,7 +33,7 @@ def test_k_in_range(k: int) -> None:
 
 def test_unknown_method_lists_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match="speculative method must be one of") as info:
-        verispec.SpecConfig(method="medusa-9000", model="/some/draft")
+        verispec.SpecConfig(method="medusa-9000")
     message = str(info.value)
     assert "'medusa-9000'" in message
     for name in method_names():
@@ -50,7 +52,7 @@ def test_draft_model_needs_a_model(model: str | None) -> None:
         verispec.SpecConfig(method="draft_model", model=model)
 
 
-@pytest.mark.parametrize(("lo", "hi"), [(3, 2), (0, 2), (0, 0), (-1, 3), (2, None), (1.0, 2)])
+@pytest.mark.parametrize(("lo", "hi"), [(3, 2), (0, 2), (0, 0), (-1, 3), (2, "4"), (1.0, 2)])
 def test_bad_prompt_lookup_bounds(lo: object, hi: object) -> None:
     with pytest.raises(ValueError, match="1 <= prompt_lookup_min <= prompt_lookup_max") as info:
         verispec.SpecConfig(method="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi)
@@ -64,7 +66,23 @@ def test_equal_lookup_bounds_are_fine() -> None:
 
 def test_quantization_is_for_draft_models_only() -> None:
     assert verispec.SpecConfig(model="d", quantization="int8").quantization == "int8"
-    with pytest.raises(ValueError, match="applies to a draft model; method 'ngram'"):
+    with pytest.raises(ValueError, match="method 'ngram' does not use quantization"):
         verispec.SpecConfig(method="ngram", quantization="fp16")
     with pytest.raises(ValueError, match="speculative quantization must be one of fp16, int8"):
         verispec.SpecConfig(model="d", quantization="q4")
+
+
+def test_options_a_method_would_ignore_are_refused() -> None:
+    with pytest.raises(ValueError, match="method 'ngram' does not use model; drop it"):
+        verispec.SpecConfig(method="ngram", model="/some/draft")
+    with pytest.raises(
+        ValueError, match="'draft_model' does not use prompt_lookup_min, prompt_lookup_max"
+    ):
+        verispec.SpecConfig(model="/d", prompt_lookup_min=1, prompt_lookup_max=3)
+    with pytest.raises(ValueError, match="does not use prompt_lookup_max; drop it"):
+        verispec.SpecConfig(model="/d", prompt_lookup_max=3)
+
+
+def test_one_lookup_bound_given_keeps_the_other_default() -> None:
+    spec = verispec.SpecConfig(method="ngram", prompt_lookup_max=6)
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (2, 6)

@@ -1,5 +1,5 @@
 """Engine on a tiny random Llama: batching, chunked prefill, seat limits and preemption never
-change greedy tokens (DESIGN.md 3: equality, not similarity), and seeded sampling is
+change greedy tokens (docs/design.md 3: equality, not similarity), and seeded sampling is
 reproducible whatever the batch around it."""
 
 from __future__ import annotations

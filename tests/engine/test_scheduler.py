@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from verispec.engine.scheduler import Scheduler
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.metrics import SpecStats
 from verispec.request import Request, Status
+from verispec.sample.rejection import Verdict
 from verispec.sampling_params import SamplingParams
 
 EOS = 1
@@ -61,19 +63,22 @@ class Chunk(NamedTuple):
 
 def run_step(scheduler: Scheduler) -> list[Chunk]:
     """One engine step over the bookkeeping; returns what was scheduled."""
-    scheduled = scheduler.schedule()
+    plan = scheduler.schedule()
+    scheduled = plan.scheduled
     chunks = [Chunk(s.request, s.start, s.token_ids, s.samples) for s in scheduled]
     assert scheduled, "nothing runnable although requests are unfinished"
-    sampling = [s.request for s in scheduled if s.samples]
     for s in scheduled:
         assert s.start == s.request.num_computed_tokens
         assert s.token_ids == s.request.all_token_ids[s.start : s.start + len(s.token_ids)]
         assert s.slots == s.request.block_table.slots(s.start, s.start + len(s.token_ids))
-        s.request.num_computed_tokens += len(s.token_ids)
-    for request in sampling:
-        request.append_tokens([next_token(request)], decode)
-        if request.finished:
-            scheduler.finish(request)
+    tokens = [[next_token(s.request)] for s in plan.sampling]
+    verdict = Verdict(token_ids=tokens, num_accepted=[0] * len(tokens))
+    totals = SpecStats()
+    finished = scheduler.update(plan, verdict, decode, totals)
+    for s in scheduled:
+        assert s.request.num_computed_tokens == s.start + len(s.token_ids)
+    assert finished == [s.request for s in plan.sampling if s.request.finished]
+    assert all(r not in scheduler.running for r in finished)
     return chunks
 
 

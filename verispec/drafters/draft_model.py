@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.batch import ForwardBatch, SeqChunk
-from verispec.config import EngineConfig, SpecConfig
 from verispec.drafters.proposer import Drafts, TargetInfo
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
-from verispec.request import Request
-from verispec.sample import SamplingTensors, sample, warp
+from verispec.models.paged import PagedModel, append_chunk
+from verispec.request import Request, sampling_tensors
+from verispec.sample import sample, warp
 from verispec.tokenizer import Tokenizer
 
 
@@ -42,23 +42,34 @@ class DraftModelProposer:
     """Runs a draft model in lockstep with the target: its own paged KV cache, rolled back to
     the accepted prefix before each proposal; drafts use the request's own sampling warping."""
 
-    def __init__(self, spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> None:
-        path = resolve_model_path(spec.model or "")
-        self.model = load_model(
-            path, target.dtype, target.device, config.linear_backend,
-            batch_invariant=config.batch_invariant, quantization=spec.quantization,
+    def __init__(
+        self, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo
+    ) -> None:
+        path = resolve_model_path(model)
+        tokenizer = Tokenizer(path)
+        check_vocabularies(target.tokenizer, tokenizer)
+        loaded = load_model(
+            path, target.dtype, target.device, target.linear_backend,
+            batch_invariant=target.batch_invariant, quantization=quantization,
         )  # fmt: skip
-        check_vocabularies(target.tokenizer, Tokenizer(path))
+        needed = min(target.vocab_size, tokenizer.vocab_size)  # ids the target can feed it
+        check_embedding_covers(loaded.config.vocab_size, needed, path)
         self.target = target
-        self.block_size = config.cache.block_size
         # Headroom beyond the target's blocks: a request may still hold up to k - 1 stale draft
         # slots (not yet rolled back) when it is not drafting this step.
-        stale = math.ceil(spec.num_speculative_tokens / self.block_size) + 1
-        num_blocks = target.num_blocks + config.max_num_seqs * stale
-        self.allocator = BlockAllocator(num_blocks)
-        self.kv = self.model.new_kv_cache(num_blocks, self.block_size)
-        self.max_len = self.model.config.max_position_embeddings
+        stale = math.ceil(num_speculative_tokens / target.block_size) + 1
+        num_blocks = target.num_blocks + target.max_num_seqs * stale
+        self.paged = PagedModel(loaded, num_blocks, target.block_size)
+        self.max_len = loaded.config.max_position_embeddings
         self.states: dict[str, _DraftState] = {}
+
+    @property
+    def model(self) -> LlamaModel:
+        return self.paged.model
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self.paged.allocator
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """k_i tokens per request: the first forward catches the draft cache up with the tokens
@@ -113,12 +124,8 @@ class DraftModelProposer:
         logits = _match_vocab(logits, self.target.vocab_size)
         if all(r.params.greedy and not r.params.needs_penalties for r in requests):
             return None, logits.argmax(dim=1).tolist()
-        t = SamplingTensors.build(
-            [r.params for r in requests],
-            [r.prompt_token_ids for r in requests],
-            [r.output_token_ids + d for r, d in zip(requests, drafts, strict=True)],
-            self.target.vocab_size,
-            logits.device,
+        t = sampling_tensors(
+            list(zip(requests, drafts, strict=True)), self.target.vocab_size, logits.device
         )
         q = warp(logits, t)  # [n, vocab]
         tokens = sample(q, [r.generator for r in requests], t.greedy, self.target.generator)
@@ -136,18 +143,12 @@ class DraftModelProposer:
         for r, d in zip(requests, drafts, strict=True):
             state = self.states.get(r.request_id)
             if state is None:
-                state = self.states[r.request_id] = _DraftState(
-                    BlockTable(self.allocator, self.block_size)
-                )
+                state = self.states[r.request_id] = _DraftState(self.paged.new_table())
             tokens = r.all_token_ids + d
             if not d:  # first draft step: roll back to what is still valid (keep >= 1 to feed)
                 state.table.truncate(min(state.valid_length(tokens), len(tokens) - 1))
-            start = state.table.num_tokens
-            new = tokens[start:]
-            slots = state.table.append_slots(len(new))
-            chunks.append(SeqChunk(new, start, slots, state.table.blocks))
-        batch = ForwardBatch.build(chunks, self.block_size, self.model.device)
-        return self.model.forward(batch, self.kv)
+            chunks.append(append_chunk(state.table, tokens[state.table.num_tokens :]))
+        return self.paged.forward(chunks)
 
 
 def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -157,6 +158,17 @@ def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return logits[:, :vocab_size]
     pad = torch.full((n, vocab_size - v), float("-inf"), dtype=logits.dtype, device=logits.device)
     return torch.cat([logits, pad], dim=1)
+
+
+def check_embedding_covers(rows: int, needed: int, path: object) -> None:
+    """A draft whose embedding has fewer rows than the token ids it may be fed (those of the
+    tokenizer that the target can emit) would fail mid-generation the first time such an id
+    comes: refuse it at load."""
+    if rows < needed:
+        raise ValueError(
+            f"draft model {path} has {rows} embedding rows but the tokenizer and target use "
+            f"{needed} token ids; the draft's vocabulary must cover every one of them"
+        )
 
 
 def check_vocabularies(target: Tokenizer, draft: Tokenizer) -> None:

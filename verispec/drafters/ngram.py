@@ -1,19 +1,15 @@
 """Prompt lookup: propose draft tokens by copying what followed an earlier copy of the suffix.
 
-Pure Python over token lists, no model and no torch (Saxena 2023, "Prompt Lookup Decoding";
+Pure Python over token lists, no model (Saxena 2023, "Prompt Lookup Decoding";
 vLLM's n-gram proposer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from verispec.drafters.proposer import Drafts
-
-if TYPE_CHECKING:
-    from verispec.config import SpecConfig
-    from verispec.request import Request
+from verispec.request import Request
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -86,9 +82,9 @@ def _longest_match(rev: list[int], max_n: int) -> tuple[int, int]:
 class NgramProposer:
     """The prompt-lookup drafter: deterministic, so q is one-hot at each draft (probs None)."""
 
-    def __init__(self, spec: SpecConfig) -> None:
-        self.min_n = spec.prompt_lookup_min
-        self.max_n = spec.prompt_lookup_max
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n = min_n
+        self.max_n = max_n
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """Up to num_tokens[i] tokens copied from earlier in requests[i]'s own context."""

@@ -26,6 +26,12 @@ class TargetInfo:
     """KV blocks the target has; a draft model gets as many, plus headroom."""
     generator: torch.Generator
     """The engine's shared generator for requests without a seed."""
+    block_size: int
+    """Tokens per KV block (a drafter's own cache uses the same geometry)."""
+    max_num_seqs: int
+    linear_backend: str
+    """Kernel choice for linear layers, as EngineConfig.linear_backend."""
+    batch_invariant: bool
 
 
 @dataclass(slots=True)

@@ -3,28 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from verispec.config import EngineConfig, SpecConfig
-    from verispec.drafters.proposer import Proposer, TargetInfo
+from verispec.drafters.draft_model import DraftModelProposer
+from verispec.drafters.ngram import NgramProposer
+from verispec.drafters.proposer import Proposer, TargetInfo
+
+if TYPE_CHECKING:  # annotations only: config imports this module, never the reverse at run time
+    from verispec.config import SpecConfig
 
 
-def _draft_model(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
-    from verispec.drafters.draft_model import DraftModelProposer
+@dataclass(frozen=True, slots=True)
+class Method:
+    """A speculative method: how to build its drafter and which SpecConfig options it reads."""
 
-    return DraftModelProposer(spec, config, target)
+    make: Callable[[SpecConfig, TargetInfo], Proposer]
+    takes_draft_model: bool = False
+    """Drafts with a separate draft checkpoint (SpecConfig.model, .quantization)."""
+    takes_prompt_lookup: bool = False
+    """Reads SpecConfig.prompt_lookup_min / prompt_lookup_max."""
 
 
-def _ngram(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
-    from verispec.drafters.ngram import NgramProposer
-
-    return NgramProposer(spec)
-
-
-_METHODS: dict[str, Callable[[SpecConfig, EngineConfig, TargetInfo], Proposer]] = {
-    "draft_model": _draft_model,
-    "ngram": _ngram,
+_METHODS: dict[str, Method] = {
+    "draft_model": Method(
+        lambda spec, target: DraftModelProposer(
+            spec.model or "", spec.quantization, spec.num_speculative_tokens, target
+        ),
+        takes_draft_model=True,
+    ),
+    "ngram": Method(
+        lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
+        takes_prompt_lookup=True,
+    ),
 }
 
 
@@ -34,12 +45,19 @@ PLAIN = "none"
 DEFAULT_METHOD = "draft_model"
 """SpecConfig's method when none is given (and the embedded pair's)."""
 
-_TAKES_DRAFT_MODEL = frozenset({"draft_model"})
+
+def method(name: str) -> Method:
+    """The registered method called `name`; ValueError listing the known ones otherwise."""
+    if name not in _METHODS:
+        raise ValueError(
+            f"speculative method must be one of {', '.join(_METHODS)}; got {name!r}"
+        )
+    return _METHODS[name]
 
 
-def takes_draft_model(method: str) -> bool:
-    """Whether `method` drafts with a separate draft checkpoint (SpecConfig.model)."""
-    return method in _TAKES_DRAFT_MODEL
+def takes_draft_model(name: str) -> bool:
+    """Whether method `name` drafts with a separate draft checkpoint (SpecConfig.model)."""
+    return method(name).takes_draft_model
 
 
 def method_names() -> tuple[str, ...]:
@@ -47,6 +65,6 @@ def method_names() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
-def make_proposer(spec: SpecConfig, config: EngineConfig, target: TargetInfo) -> Proposer:
+def make_proposer(spec: SpecConfig, target: TargetInfo) -> Proposer:
     """The drafter for spec.method."""
-    return _METHODS[spec.method](spec, config, target)
+    return method(spec.method).make(spec, target)

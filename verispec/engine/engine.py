@@ -12,10 +12,11 @@ from verispec.drafters.proposer import Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
-from verispec.kv import BlockAllocator, BlockTable
+from verispec.kv import BlockAllocator
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.default import default_model_path
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
+from verispec.models.paged import PagedModel
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 from verispec.sampling_params import SamplingParams
@@ -49,7 +50,12 @@ class Engine:
         )  # fmt: skip
         self.tokenizer = Tokenizer(self.model_path)
         model_len = self.model.config.max_position_embeddings
-        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        if config.max_model_len is not None and config.max_model_len > model_len:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} is above what the model supports "
+                f"(max_position_embeddings={model_len} in its config); give at most {model_len}"
+            )
+        self.max_model_len = config.max_model_len or model_len
         block_size = config.cache.block_size
         blocks_per_seq = math.ceil(self.max_model_len / block_size)
         num_blocks = config.cache.num_blocks or config.max_num_seqs * blocks_per_seq
@@ -58,11 +64,8 @@ class Engine:
                 f"num_blocks={num_blocks} of {block_size} tokens cannot hold one sequence of "
                 f"max_model_len={self.max_model_len}; need at least {blocks_per_seq}"
             )
-        self.allocator = BlockAllocator(num_blocks)
         generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.runner = ModelRunner(
-            self.model, self.model.new_kv_cache(num_blocks, block_size), generator
-        )
+        self.runner = ModelRunner(PagedModel(self.model, num_blocks, block_size), generator)
         spec = config.speculative
         self.scheduler = Scheduler(
             config.max_num_seqs,
@@ -77,9 +80,11 @@ class Engine:
             target = TargetInfo(
                 tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
                 device=self.device, dtype=dtype, max_model_len=self.max_model_len,
-                num_blocks=num_blocks, generator=generator,
+                num_blocks=num_blocks, generator=generator, block_size=block_size,
+                max_num_seqs=config.max_num_seqs, linear_backend=config.linear_backend,
+                batch_invariant=config.batch_invariant,
             )  # fmt: skip
-            self.proposer = make_proposer(spec, config, target)
+            self.proposer = make_proposer(spec, target)
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
         self.step_times = StepTimes()
@@ -102,7 +107,7 @@ class Engine:
             prompt=text,
             prompt_token_ids=list(ids),
             params=params,
-            block_table=BlockTable(self.allocator, self.config.cache.block_size),
+            block_table=self.runner.target.new_table(),
             generator=generator,
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
@@ -110,42 +115,37 @@ class Engine:
         self.scheduler.add(request)
         return request
 
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The target's KV block allocator."""
+        return self.runner.target.allocator
+
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
         clock = self.step_times
         clock.start()
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
+        self._release(plan.preempted)
         clock.lap("schedule")
-        draft_probs = self._propose(scheduled)
+        draft_probs = self._propose(plan.scheduled)
         clock.lap("draft")
-        logits = self.runner.execute(scheduled)  # [rows of sampling requests, vocab]
+        logits = self.runner.execute(plan.scheduled)  # [rows of sampling requests, vocab]
         clock.lap("target")
-        sampling = [s for s in scheduled if s.samples]
-        verdict = self.runner.verify(logits, sampling, draft_probs)
+        verdict = self.runner.verify(logits, plan.sampling, draft_probs)
         clock.lap("verify")
-        for s in scheduled:
-            s.request.num_computed_tokens += len(s.token_ids)
-        for s, tokens, accepted in zip(
-            sampling, verdict.token_ids, verdict.num_accepted, strict=True
-        ):
-            self._update(s, tokens, accepted)
+        finished = self.scheduler.update(plan, verdict, self.tokenizer.decode, self.spec_stats)
+        self._release(finished)
         clock.lap("update")
-        self.step_times.steps += 1
-        return [s.request for s in sampling]
+        clock.steps += 1
+        return [s.request for s in plan.sampling]
 
     def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """Fill each decoding request's draft tokens; return the drafter's q rows (or None)."""
-        if self.proposer is None:
-            self.scheduler.preempted.clear()  # nothing to release; do not keep them alive
-            return None
-        for request in self.scheduler.preempted:
-            self.proposer.release(request)
-        self.scheduler.preempted.clear()
         drafting = [s for s in scheduled if s.num_draft_slots > 0]
-        if not drafting:
+        if self.proposer is None or not drafting:
             return None
         drafts = self.proposer.propose(
             [s.request for s in drafting], [s.num_draft_slots for s in drafting]
@@ -154,24 +154,16 @@ class Engine:
             s.draft_token_ids = ids
         return drafts.probs
 
-    def _update(self, s: ScheduledRequest, tokens: list[int], accepted: int) -> None:
-        """Keep the accepted drafts' KV, drop the rest, append the emitted tokens, count."""
-        request = s.request
-        request.num_computed_tokens += accepted
-        request.block_table.truncate(request.num_computed_tokens)
-        request.spec_stats.record(len(s.draft_token_ids), accepted)
-        self.spec_stats.record(len(s.draft_token_ids), accepted)
-        request.append_tokens(tokens, self.tokenizer.decode)
-        if request.finished:
-            self.scheduler.finish(request)
-            if self.proposer is not None:
+    def _release(self, requests: list[Request]) -> None:
+        """Drop what the drafter holds for requests that finished or lost their KV."""
+        if self.proposer is not None:
+            for request in requests:
                 self.proposer.release(request)
 
     def abort_request(self, request: Request) -> None:
         """Stop a request before it finishes; it keeps the tokens it has, and frees its blocks."""
         self.scheduler.abort(request)
-        if self.proposer is not None:
-            self.proposer.release(request)
+        self._release([request])
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

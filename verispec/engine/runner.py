@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from verispec.batch import ForwardBatch, SeqChunk
+from verispec.batch import SeqChunk
 from verispec.engine.scheduler import ScheduledRequest
-from verispec.kv.cache import KVCache
-from verispec.models.llama import LlamaModel
-from verispec.sample import SamplingTensors
+from verispec.models.paged import PagedModel
+from verispec.request import sampling_tensors
 from verispec.sample.rejection import Verdict, verify
 
 
 class ModelRunner:
-    """Owns a model and its KV cache tensors; one execute() is one forward."""
+    """Owns the target and its paged KV cache; one execute() is one forward."""
 
-    def __init__(self, model: LlamaModel, kv: KVCache, generator: torch.Generator) -> None:
-        self.model = model
-        self.kv = kv
+    def __init__(self, target: PagedModel, generator: torch.Generator) -> None:
+        self.target = target
         self.generator = generator
         """Shared generator for requests without a seed of their own."""
 
@@ -36,8 +34,7 @@ class ModelRunner:
                     num_logits=1 + len(s.draft_token_ids) if s.samples else 0,
                 )
             )
-        batch = ForwardBatch.build(chunks, self.kv.block_size, self.model.device)
-        return self.model.forward(batch, self.kv)
+        return self.target.forward(chunks)
 
     def verify(
         self,
@@ -47,17 +44,12 @@ class ModelRunner:
     ) -> Verdict:
         """Accepted drafts plus one recovered/bonus token per sampling request (with no drafts
         that is plain sampling). Row j of a request is warped with its drafts[:j] as history."""
-        params, prompts, outputs = [], [], []
-        for s in sampling:
-            r = s.request
-            for j in range(len(s.draft_token_ids) + 1):
-                params.append(r.params)
-                prompts.append(r.prompt_token_ids)
-                # Histories only matter for penalties; skip the per-row copy otherwise.
-                penalised = r.params.needs_penalties and j > 0
-                outputs.append(r.output_token_ids + s.draft_token_ids[:j] if penalised
-                               else r.output_token_ids)  # fmt: skip
-        t = SamplingTensors.build(params, prompts, outputs, logits.shape[-1], logits.device)
+        rows = [
+            (s.request, s.draft_token_ids[:j])
+            for s in sampling
+            for j in range(len(s.draft_token_ids) + 1)
+        ]
+        t = sampling_tensors(rows, logits.shape[-1], logits.device)
         return verify(
             logits,
             [s.draft_token_ids for s in sampling],

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from verispec.kv import CacheExhaustedError
+from verispec.metrics import SpecStats
 from verispec.request import Request, Status
+from verispec.sample.rejection import Verdict
 
 
 @dataclass(slots=True)
@@ -30,6 +33,20 @@ class ScheduledRequest:
         return self.start + len(self.token_ids) == self.request.num_tokens
 
 
+@dataclass(slots=True)
+class Schedule:
+    """One step's plan: the chunks to compute, and the requests preempted to make room."""
+
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+    """Requests whose KV was freed this step (their drafter state must go too)."""
+
+    @property
+    def sampling(self) -> list[ScheduledRequest]:
+        """The scheduled requests that receive tokens this step (rows of the verdict)."""
+        return [s for s in self.scheduled if s.samples]
+
+
 class Scheduler:
     """Continuous batching with chunked prefill: running requests first, then admit waiting ones
     while the token budget, max_num_seqs and free KV blocks allow. When the cache runs out,
@@ -43,8 +60,6 @@ class Scheduler:
         self.num_speculative_tokens = num_speculative_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.preempted: list[Request] = []
-        """Requests preempted since the engine last looked (their drafter state goes too)."""
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -52,14 +67,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledRequest]:
+    def schedule(self) -> Schedule:
         """Pick this step's work; every scheduled request has its KV slots reserved."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
         for request in list(self.running):
             if budget == 0 or request not in self.running:  # preempted meanwhile
                 continue
-            item = self._reserve(request, budget, scheduled)
+            item = self._reserve(request, budget, scheduled, preempted)
             if item is not None:
                 scheduled.append(item)
                 budget -= len(item.slots)
@@ -73,7 +89,34 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(item)
             budget -= len(item.slots)
-        return scheduled
+        return Schedule(scheduled, preempted)
+
+    def update(
+        self,
+        plan: Schedule,
+        verdict: Verdict,
+        decode: Callable[[list[int]], str],
+        totals: SpecStats,
+    ) -> list[Request]:
+        """Apply a step's verdict: count computed KV, keep accepted drafts' KV and drop the rest,
+        append emitted tokens, record acceptance (per request and in `totals`), release
+        finished requests' blocks. Returns the requests that finished this step."""
+        for s in plan.scheduled:
+            s.request.num_computed_tokens += len(s.token_ids)
+        finished = []
+        for s, tokens, accepted in zip(
+            plan.sampling, verdict.token_ids, verdict.num_accepted, strict=True
+        ):
+            request = s.request
+            request.num_computed_tokens += accepted
+            request.block_table.truncate(request.num_computed_tokens)
+            request.spec_stats.record(len(s.draft_token_ids), accepted)
+            totals.record(len(s.draft_token_ids), accepted)
+            request.append_tokens(tokens, decode)
+            if request.finished:
+                self.finish(request)
+                finished.append(request)
+        return finished
 
     def finish(self, request: Request) -> None:
         """Release a finished request's KV blocks."""
@@ -108,7 +151,11 @@ class Scheduler:
         return max(0, min(self.num_speculative_tokens, limit))
 
     def _reserve(
-        self, request: Request, budget: int, scheduled: list[ScheduledRequest]
+        self,
+        request: Request,
+        budget: int,
+        scheduled: list[ScheduledRequest],
+        preempted: list[Request],
     ) -> ScheduledRequest | None:
         """Reserve slots for a running request, preempting the newest others until it fits."""
         while True:
@@ -117,6 +164,7 @@ class Scheduler:
                 return item
             victim = self.running[-1]
             self._preempt(victim, scheduled)
+            preempted.append(victim)
             if victim is request:
                 return None
 
@@ -128,4 +176,3 @@ class Scheduler:
         victim.num_computed_tokens = 0
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
-        self.preempted.append(victim)

@@ -1,0 +1,47 @@
+"""PagedModel: a model with its own paged KV cache; the one place a ragged batch is built and run.
+
+The engine's target, the draft model and the benchmarks all forward through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.batch import ForwardBatch, SeqChunk
+from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.llama import LlamaModel
+
+
+class PagedModel:
+    """A LlamaModel, its KV cache tensors and the allocator of their blocks."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.kv = model.new_kv_cache(num_blocks, block_size)
+        self.allocator = BlockAllocator(num_blocks)
+
+    def new_table(self) -> BlockTable:
+        """An empty block table for one sequence in this cache."""
+        return BlockTable(self.allocator, self.block_size)
+
+    def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        """Logits [sum of num_logits, vocab] of one forward over every chunk."""
+        return self.model.forward(ForwardBatch.build(chunks, self.block_size, self.model.device),
+                                  self.kv)  # fmt: skip
+
+
+def append_chunk(
+    table: BlockTable,
+    token_ids: Sequence[int],
+    num_logits: int = 1,
+    extra_mask: torch.Tensor | None = None,
+    positions: list[int] | None = None,
+) -> SeqChunk:
+    """Reserve KV slots for token_ids after what `table` holds and describe them as a chunk."""
+    start = table.num_tokens
+    slots = table.append_slots(len(token_ids))
+    return SeqChunk(list(token_ids), start, slots, list(table.blocks), num_logits, extra_mask,
+                    positions)  # fmt: skip
