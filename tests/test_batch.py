@@ -8,39 +8,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from tests.models.harness import Runner
 from verispec.batch import ForwardBatch, SeqChunk
-from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
 BLOCK_SIZE = 4
-
-
-class Sequence:
-    """One sequence's block table in a shared allocator; chunk() reserves its next slots."""
-
-    def __init__(self, allocator: BlockAllocator) -> None:
-        self.table = BlockTable(allocator, BLOCK_SIZE)
-
-    def chunk(self, ids: list[int], num_logits: int = 1, **options) -> SeqChunk:
-        start = self.table.num_tokens
-        slots = self.table.append_slots(len(ids))
-        return SeqChunk(ids, start, slots, list(self.table.blocks), num_logits, **options)
-
-
-class Runner:
-    """A model with its own KV cache and block allocator."""
-
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
-        self.kv = model.new_kv_cache(64, BLOCK_SIZE)
-        self.allocator = BlockAllocator(64)
-
-    def sequence(self) -> Sequence:
-        return Sequence(self.allocator)
-
-    def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        return self.model.forward(ForwardBatch.build(chunks, BLOCK_SIZE), self.kv)
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -58,14 +31,14 @@ def test_ragged_batch_matches_each_sequence_alone(model) -> None:
     long, short, context, step = ids(30, 1), ids(9, 2), ids(15, 3), ids(1, 4)
     alone = []
     for prompt, num_logits in ((long, 3), (short, 9)):
-        runner = Runner(model)
+        runner = Runner(model, 64, BLOCK_SIZE)
         alone.append(runner.forward([runner.sequence().chunk(prompt, num_logits)]))
-    runner = Runner(model)
+    runner = Runner(model, 64, BLOCK_SIZE)
     seq = runner.sequence()
     runner.forward([seq.chunk(context)])
     alone.append(runner.forward([seq.chunk(step)]))
 
-    runner = Runner(model)
+    runner = Runner(model, 64, BLOCK_SIZE)
     a, b, c = runner.sequence(), runner.sequence(), runner.sequence()
     runner.forward([c.chunk(context)])
     batched = runner.forward([a.chunk(long, 3), b.chunk(short, 9), c.chunk(step)])
@@ -80,7 +53,7 @@ def test_tree_sequence_beside_a_causal_one(model) -> None:
     p = len(prefix)
 
     def run(with_other: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        runner = Runner(model)
+        runner = Runner(model, 64, BLOCK_SIZE)
         seq, rest = runner.sequence(), runner.sequence()
         runner.forward([seq.chunk(prefix)])
         chunks = [seq.chunk(tree, 3, extra_mask=mask, positions=[p, p + 1, p + 1])]
@@ -91,7 +64,7 @@ def test_tree_sequence_beside_a_causal_one(model) -> None:
 
     tree_alone, _ = run(with_other=False)
     tree_batched, other_batched = run(with_other=True)
-    runner = Runner(model)
+    runner = Runner(model, 64, BLOCK_SIZE)
     other_alone = runner.forward([runner.sequence().chunk(other, 6)])
     assert_close(tree_batched, tree_alone, atol=1e-5, rtol=0)
     assert_close(other_batched, other_alone, atol=1e-5, rtol=0)
@@ -156,7 +129,7 @@ def test_keys_read_in_place_equal_gathered_keys(model) -> None:
     prompt, steps = ids(13, 5), ids(4, 6)
     results = []
     for scatter in (False, True):
-        runner = Runner(model)
+        runner = Runner(model, 64, BLOCK_SIZE)
         seq, other = runner.sequence(), runner.sequence()
         logits = [runner.forward([seq.chunk(prompt[:5])])]
         if scatter:

@@ -14,12 +14,11 @@ from conftest import CORPUS, SPEC_PAIRS, make_checkpoint
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.batch import ForwardBatch, SeqChunk
 from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine import Engine
-from verispec.kv import BlockAllocator, BlockTable
 from verispec.metrics import SpecStats
 from verispec.models.llama import LlamaModel
+from verispec.models.paged import PagedModel, append_chunk
 from verispec.request import Request, Status
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
@@ -53,12 +52,11 @@ def fresh_kv(model: LlamaModel, tokens: list[int]) -> tuple[torch.Tensor, torch.
     """Keys and values [layers, len(tokens), kv_heads, head_dim] of a fresh one-chunk prefill."""
     block_size = 4
     num_blocks = -(-len(tokens) // block_size)
-    kv = model.new_kv_cache(num_blocks, block_size)
-    table = BlockTable(BlockAllocator(num_blocks), block_size)
-    slots = table.append_slots(len(tokens))
-    model.forward(ForwardBatch.build([SeqChunk(tokens, 0, slots, table.blocks)], block_size), kv)
-    index = torch.tensor(slots)
-    return kv.k[:, index], kv.v[:, index]
+    paged = PagedModel(model, num_blocks, block_size)
+    chunk = append_chunk(paged.new_table(), tokens)
+    paged.forward([chunk])
+    index = torch.tensor(chunk.slots)
+    return paged.kv.k[:, index], paged.kv.v[:, index]
 
 
 def assert_cache_holds(

@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from verispec.batch import ForwardBatch, SeqChunk
-from verispec.kv import BlockAllocator, BlockTable
+from verispec.batch import SeqChunk
+from verispec.kv import BlockTable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
+from verispec.models.paged import PagedModel, append_chunk
 
 BACKENDS = ("torch", "onednn", "fp16")
 
@@ -37,8 +38,8 @@ def hf_logits(hf_model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
 class Sequence:
     """One sequence's block table; chunk() reserves KV slots for its next tokens."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
-        self.table = BlockTable(allocator, block_size)
+    def __init__(self, table: BlockTable) -> None:
+        self.table = table
 
     def chunk(
         self,
@@ -47,28 +48,17 @@ class Sequence:
         extra_mask: torch.Tensor | None = None,
         positions: list[int] | None = None,
     ) -> SeqChunk:
-        start = self.table.num_tokens
-        slots = self.table.append_slots(len(ids))
-        return SeqChunk(
-            list(ids), start, slots, list(self.table.blocks), num_logits, extra_mask, positions
-        )
+        return append_chunk(self.table, ids, num_logits, extra_mask, positions)
 
 
-class Runner:
-    """A model with its own KV cache and allocator; forward() runs one ragged batch."""
+class Runner(PagedModel):
+    """A model with its own KV cache (block size 4 by default) for driving it by hand."""
 
     def __init__(self, model: LlamaModel, num_blocks: int = 64, block_size: int = 4) -> None:
-        self.model = model
-        self.block_size = block_size
-        self.kv = model.new_kv_cache(num_blocks, block_size)
-        self.allocator = BlockAllocator(num_blocks)
+        super().__init__(model, num_blocks, block_size)
 
     def sequence(self) -> Sequence:
-        return Sequence(self.allocator, self.block_size)
-
-    def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        """Logits [sum of num_logits, vocab] of one forward over chunks."""
-        return self.model.forward(ForwardBatch.build(chunks, self.block_size), self.kv)
+        return Sequence(self.new_table())
 
     def prefill(self, ids: list[int], num_logits: int = 1) -> torch.Tensor:
         """Logits of the last num_logits tokens of a fresh sequence prefilled with ids."""

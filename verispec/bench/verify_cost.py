@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from verispec.batch import ForwardBatch, SeqChunk
-from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.config import ModelConfig
 from verispec.models.linear import choose_backend
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import build_model, load_model
+from verispec.models.paged import PagedModel, append_chunk
 
 QS = (1, 2, 4, 8, 16)
 
@@ -53,23 +52,21 @@ def verify_cost_curve(
         model = load_model(model, dtype, torch.device(device))
     block_size = 16
     num_blocks = (context + max(qs)) // block_size + 2
-    kv = model.new_kv_cache(num_blocks, block_size)
-    table = BlockTable(BlockAllocator(num_blocks), block_size)
+    paged = PagedModel(model, num_blocks, block_size)
+    table = paged.new_table()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (context + max(qs),), generator=gen).tolist()
 
-    def forward(start: int, tokens: list[int], num_logits: int) -> None:
-        slots = table.append_slots(len(tokens))
-        chunk = SeqChunk(tokens, start, slots, list(table.blocks), num_logits)
-        model.forward(ForwardBatch.build([chunk], block_size, model.device), kv)
+    def forward(tokens: list[int], num_logits: int) -> None:
+        paged.forward([append_chunk(table, tokens, num_logits)])
 
     with torch.inference_mode():
-        forward(0, ids[:context], 1)  # the warm cache every measurement builds on
+        forward(ids[:context], 1)  # the warm cache every measurement builds on
         times: dict[int, list[float]] = {q: [] for q in qs}
         for round_ in range(repeats + 1):  # round 0 warms up every shape
             for q in qs:
                 started = time.perf_counter()
-                forward(context, ids[context : context + q], q)
+                forward(ids[context : context + q], q)
                 if model.device.type != "cpu":
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - started
