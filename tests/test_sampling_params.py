@@ -61,6 +61,8 @@ def test_needs_penalties(kwargs: dict[str, float]) -> None:
         ({"frequency_penalty": -2.1}, r"frequency_penalty must be in \[-2, 2\]"),
         ({"temperature": "hot"}, "temperature must be a number"),
         ({"seed": 1.5}, "seed must be an int"),
+        ({"seed": 2**64}, r"seed must be in \[0, 2\*\*64\)"),
+        ({"seed": -1}, r"seed must be in \[0, 2\*\*64\)"),
         ({"stop_token_ids": [1, -3]}, r"stop_token_ids must be a list of ints >= 0"),
         ({"stop_token_ids": [1.0]}, "stop_token_ids entries must be an int"),
         ({"stop": ["ok", ""]}, "stop strings must be non-empty"),

@@ -114,6 +114,8 @@ class SamplingParams:
             setattr(self, name, value)
         if self.seed is not None:
             _check_int("seed", self.seed)
+            if not 0 <= self.seed < 2**64:
+                raise ValueError(f"seed must be in [0, 2**64) (or None), got {self.seed}")
         self.stop = _normalise_stop(self.stop)
         self.stop_token_ids = _normalise_stop_token_ids(self.stop_token_ids)
         _check_bool("ignore_eos", self.ignore_eos)

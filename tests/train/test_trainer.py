@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec.train.trainer import (
+    CHECKPOINT,
     TrainConfig,
     batch_at,
     distill_loss,
@@ -114,6 +115,23 @@ def test_existing_run_needs_resume_and_same_settings(tmp_path: Path) -> None:
               progress=False)  # fmt: skip
     model = tiny_model(seed=9)
     assert load_trained(model, tmp_path).step == 3
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "not-a-checkpoint"])
+def test_corrupt_checkpoint_is_named_not_unpickled(tmp_path: Path, damage: str) -> None:
+    tokens = periodic_tokens()
+    train(tiny_model(), tokens, config(3), tmp_path, language_model_objective(), progress=False)
+    path = tmp_path / CHECKPOINT
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:1000])
+    elif damage == "garbage":
+        path.write_bytes(b"\x80\x04 this is not a checkpoint" * 10)
+    else:
+        torch.save({"weights": torch.zeros(2)}, path)
+    with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt") as info:
+        train(tiny_model(), tokens, config(3), tmp_path, language_model_objective(), resume=True,
+              progress=False)  # fmt: skip
+    assert "weights_only" not in str(info.value)
 
 
 def test_distill_loss_is_zero_only_for_matching_distributions() -> None:

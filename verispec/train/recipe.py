@@ -39,6 +39,7 @@ from verispec.train.trainer import (
     heldout_loss,
     language_model_objective,
     load_trained,
+    read_checkpoint,
     train,
 )
 
@@ -265,7 +266,7 @@ def _eval(run_dir: Path, recipe: Recipe, resume: bool, progress: bool) -> None:
         export / "target", export / "draft", recipe, load_tokens(run_dir, "heldout")
     )
     for which in ("target", "draft"):
-        state = torch.load(run_dir / which / "checkpoint.pt", weights_only=True)["state"]
+        state = read_checkpoint(run_dir / which / "checkpoint.pt")["state"]
         last = state["losses"][-50:]
         report[which]["train_steps"] = state["step"]
         report[which]["train_minutes"] = round(state["seconds"] / 60, 1)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -191,7 +193,7 @@ def _restore(
 ) -> TrainState:
     if not path.is_file():
         return TrainState()
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = read_checkpoint(path)
     if not resume:
         raise ValueError(
             f"{path} already holds a run at step {saved['state']['step']}; pass --resume to "
@@ -205,9 +207,24 @@ def _restore(
     return TrainState(**saved["state"])
 
 
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A saved run (tensors and plain values only); a file torch cannot read, or one without
+    the parts a checkpoint has, is reported as corrupt rather than as a pickling error."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+        raise ValueError(
+            f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to "
+            "restart that stage, or restore it from a backup"
+        ) from e
+    if not isinstance(saved, dict) or not {"model", "state"} <= saved.keys():
+        raise ValueError(f"checkpoint {path} is corrupt: it lacks the model or state entries")
+    return saved
+
+
 def load_trained(model: torch.nn.Module, run_dir: Path) -> TrainState:
     """Load the weights of a finished or partial run; returns its state."""
-    saved = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    saved = read_checkpoint(run_dir / CHECKPOINT)
     model.load_state_dict(saved["model"])
     return TrainState(**saved["state"])
 
