@@ -1,0 +1,106 @@
+"""Imports run downward: no module of the package imports (even lazily, inside a function) one
+that imports it back, and each subpackage imports first, alone, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import verispec
+
+ROOT = Path(verispec.__file__).resolve().parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_modules(name: str) -> set[str]:
+    """The package's modules that `name` imports anywhere, lazily inside functions included;
+    `if TYPE_CHECKING:` blocks are left out (they never run)."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1],
+                                 *([base] if base else [])])  # fmt: skip
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in MODULES else base)
+        stack.extend(ast.iter_child_nodes(node))
+    return {m for m in found if m in MODULES and m != name}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a list of nodes (first repeated at the end), or None.
+
+    Worked example: {"a": {"b"}, "b": {"c"}, "c": {"a"}} -> ["a", "b", "c", "a"];
+    {"a": {"b"}, "b": set()} -> None.
+    """
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one_and_only_when_there_is_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = {name: imported_modules(name) for name in MODULES}
+    assert graph["verispec.engine.engine"] >= {"verispec.drafters.registry", "verispec.request"}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["verispec.drafters", "verispec.drafters.registry", "verispec.request", "verispec.config",
+     "verispec.engine", "verispec.train.recipe", "verispec.bench.workloads"],
+)  # fmt: skip
+def test_each_part_imports_first_in_a_fresh_interpreter(module: str) -> None:
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
