@@ -134,7 +134,7 @@ def sampling_tensors(
 ) -> SamplingTensors:
     """Warping tensors for logits rows, each given as (request, draft tokens that row's history
     holds after the request's output). Histories matter only for penalties, so the per-row copy
-    is made only then: target and drafter warp identically (docs/design.md, exactness)."""
+    is made only then: target and drafter warp identically (docs/design.md, 3)."""
     outputs = [
         r.output_token_ids + list(extra) if extra and r.params.needs_penalties
         else r.output_token_ids

@@ -1,6 +1,6 @@
 """Logits warping: raw logits -> the warped distribution p that sampling and verification use.
 
-Target and drafter both go through `warp`, so p and q are warped identically (DESIGN.md, 3).
+Target and drafter both go through `warp`, so p and q are warped identically (docs/design.md, 3).
 Every step is a batched tensor op; python flags on `SamplingTensors` skip steps no row needs,
 so the hot path never reads a value back from the device.
 """
