@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import SPEC_PAIRS
 
-from verispec import cli
+from verispec import cli, cli_options
 from verispec.cli import build_parser, main, method_takes_draft
 from verispec.drafters.registry import PLAIN, method_names
 from verispec.models.default import embedded_model_path
+from verispec.train.tokenizer import save_tokenizer
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -60,8 +61,10 @@ def test_json_matches_the_python_api(llama_checkpoint: Path, capsys) -> None:
     assert result["text"] == expected.text
 
 
-def unsupported_checkpoint(tmp_path: Path) -> Path:
+def unsupported_checkpoint(tmp_path: Path, tokenizer) -> Path:
+    """A checkpoint directory complete but for its architecture, which verispec does not run."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    save_tokenizer(tokenizer, tmp_path)
     return tmp_path
 
 
@@ -88,17 +91,47 @@ def test_bad_input_exits_2_with_one_line(
     assert "Traceback" not in err
 
 
-def test_unsupported_architecture_names_it_and_lists_supported(tmp_path: Path, capsys) -> None:
-    assert main(["generate", "x", "--model", str(unsupported_checkpoint(tmp_path))]) == 2
+def test_unsupported_architecture_names_it_and_lists_supported(
+    tmp_path: Path, tokenizer, capsys
+) -> None:
+    assert main(["generate", "x", "--model", str(unsupported_checkpoint(tmp_path, tokenizer))]) == 2
     err = capsys.readouterr().err
     assert "GPT2LMHeadModel" in err and "LlamaForCausalLM" in err and "Qwen3ForCausalLM" in err
 
 
-def test_bad_input_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
-    proc = run_cli("generate", "x", "--model", str(unsupported_checkpoint(tmp_path)))
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path: Path, tokenizer) -> None:
+    proc = run_cli("generate", "x", "--model", str(unsupported_checkpoint(tmp_path, tokenizer)))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("verispec: error: unsupported")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--model", "--draft"])
+def test_empty_model_or_draft_name_exits_2(capsys, flag: str) -> None:
+    assert main(["generate", "x", flag, ""]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"verispec: error: {flag} must not be empty; give a checkpoint "
+                                "directory or model name"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", b"ab\xff\xfe"],
+         "PROMPT is not valid UTF-8 text: byte 0xff at index 2; pass UTF-8 text"),
+        (["chat", "--model", "", "--method", "ngram", "--k", "2"],
+         "--model must not be empty; give a checkpoint directory or model name"),
+    ],
+    ids=["stray-bytes", "empty-model"],
+)  # fmt: skip
+def test_bad_arguments_exit_2_in_a_real_process(args: list, message: str) -> None:
+    """Before any model loads. The shell passes bytes; Python decodes argv with surrogateescape,
+    so 0xff arrives as U+DCFF, and the message names the byte."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "verispec.cli", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"verispec: error: {message}"]
 
 
 def test_malformed_option_is_an_argparse_error(capsys) -> None:
@@ -123,7 +156,7 @@ def generate_json(capsys, *args: str) -> dict:
 
 
 def test_method_choices_come_from_the_registry() -> None:
-    source = Path(cli.__file__).read_text()
+    source = Path(cli.__file__).read_text() + Path(cli_options.__file__).read_text()
     for name in method_names():
         assert f'"{name}"' not in source and f"'{name}'" not in source
         assert build_parser().parse_args(["generate", "x", "--method", name]).method == name
@@ -194,10 +227,14 @@ def test_ngram_options_reach_the_engine(llama_checkpoint: Path, capsys) -> None:
         (["--method", "{no_draft}", "--draft", "{draft}"], "takes no draft model"),
         (["--k", "3"], "--k needs --draft or --method"),
         (["--prompt-lookup-max", "3"], "--prompt-lookup-max needs --draft or --method"),
-        (["--method", "{no_draft}", "--k", "0"], "num_speculative_tokens must be"),
-        (["--method", "{no_draft}", "--k", "17"], "num_speculative_tokens must be"),
+        (["--method", "{no_draft}", "--k", "0"], "--k must be an integer in [1, 16], got 0"),
+        (["--method", "{no_draft}", "--k", "17"], "--k must be an integer in [1, 16], got 17"),
         (["--method", "{no_draft}", "--prompt-lookup-min", "3", "--prompt-lookup-max", "2"],
-         "prompt_lookup_min <= prompt_lookup_max"),
+         "1 <= --prompt-lookup-min <= --prompt-lookup-max, got 3 and 2"),
+        (["--method", "{no_draft}", "--draft-quantization", "fp16"],
+         "does not use --draft-quantization"),
+        (["--method", "{needs_draft}", "--draft", "{draft}", "--prompt-lookup-min", "2"],
+         "does not use --prompt-lookup-min"),
         (["--draft", "/no/such/dir"], "does not exist"),
     ],
 )  # fmt: skip

@@ -3,12 +3,14 @@ the default demo model."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
-from verispec import LLM, SamplingParams
+from verispec import LLM, SamplingParams, SpecConfig
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -258,3 +260,45 @@ def test_speculative_must_be_a_spec_config_none_or_auto(llama_checkpoint: Path) 
     with pytest.raises(ValueError, match="SpecConfig, None or 'auto'"):
         LLM(model=str(llama_checkpoint), speculative="eagle")
     assert LLM(model=str(llama_checkpoint)).engine.config.speculative is None
+
+
+@pytest.mark.parametrize("prompt", [b"def f():", bytearray(b"x"), memoryview(b"x")])
+def test_bytes_prompt_is_a_value_error_not_token_ids(llm: LLM, prompt: object) -> None:
+    with pytest.raises(ValueError, match=f"got {type(prompt).__name__}; decode bytes first"):
+        llm.generate(prompt, GREEDY)  # type: ignore[arg-type]
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ("abc\udc80", r"^prompt is not valid UTF-8 text \(lone surrogate at index 3\)$"),
+        (["ok", "x\ud800"], r"^prompt 1 is not valid UTF-8 text \(lone surrogate at index 1\)$"),
+    ],
+)
+def test_text_with_lone_surrogates_is_a_value_error(
+    llm: LLM, prompts: str | list[str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        llm.generate(prompts, GREEDY)
+    assert not llm.engine.has_unfinished()
+
+
+def test_speculative_takes_vllms_dict_form(llama_checkpoint: Path) -> None:
+    options = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    llm = LLM(model=str(llama_checkpoint), speculative=options)
+    assert llm.engine.config.speculative == SpecConfig(**options)
+    assert len(llm.generate(PROMPT, GREEDY)[0].token_ids) >= 1
+
+
+def test_unknown_speculative_key_lists_the_allowed_ones(llama_checkpoint: Path) -> None:
+    allowed = ", ".join(f.name for f in fields(SpecConfig))
+    message = f"speculative has unknown key(s) 'k', 'draft'; allowed: {allowed}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LLM(model=str(llama_checkpoint), speculative={"method": "ngram", "k": 4, "draft": "x"})
+
+
+@pytest.mark.parametrize("model", ["", "  "])
+def test_empty_model_name_is_a_value_error(model: str) -> None:
+    with pytest.raises(ValueError, match="model must not be empty"):
+        LLM(model=model)

@@ -2,8 +2,10 @@
 
 from verispec.config import SpecConfig
 from verispec.llm import LLM
-from verispec.outputs import RequestMetrics, RequestOutput
+from verispec.outputs import RequestMetrics, RequestOutput, StreamDelta
 from verispec.sampling_params import SamplingParams
 
-__all__ = ["LLM", "RequestMetrics", "RequestOutput", "SamplingParams", "SpecConfig"]
+__all__ = [
+    "LLM", "RequestMetrics", "RequestOutput", "SamplingParams", "SpecConfig", "StreamDelta",
+]  # fmt: skip
 __version__ = "0.1.0"

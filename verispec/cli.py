@@ -1,4 +1,4 @@
-"""Command line: `verispec generate PROMPT ...` (later: serve, bench, verify, train)."""
+"""Command line: `verispec generate|chat|bench|train ...`; bad input exits 2 with one line."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from verispec.config import SpecConfig
-from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
-from verispec.models.quantization import QUANTIZATIONS
+from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
+from verispec.drafters.registry import method_names, takes_draft_model
 
 EXIT_BAD_INPUT = 2
 
@@ -23,42 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
     gen.add_argument("prompt", help="prompt text")
-    gen.add_argument("--model", default=None,
-                     help="checkpoint directory or hub id (default: the embedded Python-code "
-                     "model, decoded with its embedded draft)")  # fmt: skip
-    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (64)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1)")
-    gen.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest; -1 = off")
-    gen.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    gen.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
-    gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    gen.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
+    add_model_options(gen, max_tokens=64)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
-                     help="round the model's linear weights at load (output then follows the "
-                     "rounded model)")  # fmt: skip
-    spec = gen.add_argument_group(
-        "speculative decoding (default: the embedded draft for the embedded model, else off)"
-    )
-    spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
-    spec.add_argument("--method", choices=(PLAIN, *method_names()), default=None,
-                      help=f"where drafts come from (--draft alone: its draft model; "
-                      f"{PLAIN}: plain decoding)")  # fmt: skip
-    spec.add_argument("--k", type=int, default=None, help="draft tokens per step (4)")
-    spec.add_argument("--prompt-lookup-min", type=int, default=None, metavar="N",
-                      help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
-    spec.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
-                      help="longest n-gram prompt lookup matches (4)")  # fmt: skip
-    spec.add_argument(
-        "--draft-quantization",
-        choices=QUANTIZATIONS,
-        default=None,
-        help="round the draft's linear weights (changes acceptance, never output)",
-    )
-    gen.add_argument("--batch-invariant", action="store_true",
-                     help="logits independent of batch mates: speculative greedy output equals "
-                     "plain greedy output bit for bit (slower)")  # fmt: skip
+    chat = sub.add_parser(
+        "chat", help="chat with an instruct model (its chat template), answers streamed",
+        description="With PROMPT: one streamed answer and a stats line. Without: a multi-turn "
+        "session reading lines from stdin; /reset clears the history, /stats shows acceptance "
+        "and speed so far, /exit or end of input ends it.",
+    )  # fmt: skip
+    chat.add_argument("prompt", nargs="?", default=None,
+                      help="one question (none: an interactive session)")  # fmt: skip
+    add_model_options(chat, max_tokens=256)
     _add_train_parser(sub)
     _add_bench_parser(sub)
     return parser
@@ -121,49 +95,6 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
-    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the embedded
-    draft when no --model is given); ValueError on a contradiction. Method names stay in the
-    registry: whether a method takes a draft checkpoint is asked of SpecConfig itself."""
-    flags = {  # option flag: (SpecConfig field, value)
-        "--k": ("num_speculative_tokens", args.k),
-        "--prompt-lookup-min": ("prompt_lookup_min", args.prompt_lookup_min),
-        "--prompt-lookup-max": ("prompt_lookup_max", args.prompt_lookup_max),
-        "--draft-quantization": ("quantization", args.draft_quantization),
-    }
-    given = {flag: fv for flag, fv in flags.items() if fv[1] is not None}
-    if args.method == PLAIN:
-        if given or args.draft is not None:
-            extra = [*given, *(["--draft"] if args.draft is not None else [])]
-            raise ValueError(f"--method {PLAIN} decodes without drafts; drop {', '.join(extra)}")
-        return None
-    embedded_draft = None
-    if args.model is None:  # the embedded target comes with its embedded draft
-        from verispec.config import default_speculative
-
-        embedded_draft = default_speculative(None).model
-    if args.draft is None and args.method is None:
-        if args.model is None:
-            return SpecConfig(model=embedded_draft, **dict(given.values())) if given else "auto"
-        if given:
-            verb = "needs" if len(given) == 1 else "need"
-            raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
-        return None
-    options: dict[str, Any] = dict(given.values())
-    if args.method is not None:
-        options["method"] = args.method
-        takes_draft = method_takes_draft(args.method)
-        if takes_draft and args.draft is None and embedded_draft is not None:
-            options["model"] = embedded_draft
-        elif takes_draft and args.draft is None:
-            raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
-        if not takes_draft and args.draft is not None:
-            raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
-    if args.draft is not None:
-        options["model"] = args.draft
-    return SpecConfig(**options)
-
-
 def method_takes_draft(method: str) -> bool:
     """Whether `method` needs a draft checkpoint (asked of the registry)."""
     return takes_draft_model(method)
@@ -173,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `verispec` command; bad input exits 2 with a one-line message."""
     args = build_parser().parse_args(argv)
     try:
-        commands = {"train": _train, "bench": _bench, "generate": _generate}
+        commands = {"train": _train, "bench": _bench, "generate": _generate, "chat": _chat}
         return commands[args.command](args)
     except ValueError as e:
         print(f"verispec: error: {e}", file=sys.stderr)
@@ -206,22 +137,17 @@ def _bench(args: argparse.Namespace) -> int:
     return run(bench_config(args), args)
 
 
+def _chat(args: argparse.Namespace) -> int:
+    from verispec.cli_chat import run_chat
+
+    return run_chat(args)
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from verispec import LLM, SamplingParams
-
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed,
-    )  # fmt: skip
-    spec = spec_config(args)
-    print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
-    llm = LLM(
-        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        progress=True, speculative=spec, batch_invariant=args.batch_invariant,
-        quantization=args.quantization,
-    )  # fmt: skip
+    params = sampling_params(args)
+    llm = load_llm(args)
     engine = llm.engine
     spec = engine.config.speculative  # "auto" resolved
     out = llm.generate(args.prompt, params)[0]
@@ -262,17 +188,9 @@ def _generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if spec is not None:
-        print(f"[{_acceptance_line(metrics)} ({spec.method}, k={spec.num_speculative_tokens})]",
-              file=sys.stderr)  # fmt: skip
+        print(f"[{acceptance_line(out.metrics.spec)} ({spec.method}, "
+              f"k={spec.num_speculative_tokens})]", file=sys.stderr)  # fmt: skip
     return 0
-
-
-def _acceptance_line(metrics: dict[str, Any]) -> str:
-    """'accepted 71% of drafts, 3.1 tokens/step', or why there is no rate."""
-    if not metrics["num_draft_tokens"]:
-        return "no drafts proposed"
-    return (f"accepted {metrics['acceptance_rate']:.0%} of {metrics['num_draft_tokens']} "
-            f"drafts, {metrics['mean_acceptance_length']:.1f} tokens/step")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""RequestOutput and RequestMetrics: what generate() returns for one prompt."""
+"""RequestOutput and RequestMetrics: what generate() returns for one prompt; StreamDelta: one
+step of a streamed request."""
 
 from __future__ import annotations
 
@@ -61,3 +62,21 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """What one engine step added to a streamed request: new text and token ids; the last
+    delta also carries the finish reason and the full RequestOutput (with its metrics)."""
+
+    text: str
+    """New text since the previous delta; all deltas' texts concatenated = the final text."""
+    token_ids: list[int]
+    """Token ids accepted this step (text may lag them by an incomplete character)."""
+    finish_reason: FinishReason | None = None
+    output: RequestOutput | None = None
+    """Set on the last delta only."""
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None

@@ -105,7 +105,8 @@ class Request:
 
     def output(self, decode: Callable[[list[int]], str]) -> RequestOutput:
         """Snapshot for the caller; text is final once the request finished."""
-        text = self.text if self.finished else decode(self.output_token_ids)
+        # An aborted request is finished without a reason, and its text was never set.
+        text = self.text if self.finish_reason is not None else decode(self.output_token_ids)
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,

@@ -1,0 +1,178 @@
+"""Model, sampling and speculative decoding options of `verispec generate` and `verispec chat`:
+declared on a parser, checked, and turned into an LLM; errors name the flags the user typed."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+from verispec.chat import check_text
+from verispec.config import SpecConfig
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
+from verispec.metrics import SpecStats
+from verispec.models.quantization import QUANTIZATIONS
+from verispec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from verispec.llm import LLM
+
+
+def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
+    """Model, sampling and speculative decoding options shared by generate and chat."""
+    cmd.add_argument("--model", default=None,
+                     help="checkpoint directory or hub id (default: the embedded Python-code "
+                     "model, decoded with its embedded draft)")  # fmt: skip
+    cmd.add_argument("--max-tokens", type=int, default=max_tokens,
+                     help=f"most tokens to generate ({max_tokens})")  # fmt: skip
+    cmd.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    cmd.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1)")
+    cmd.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest; -1 = off")
+    cmd.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    cmd.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
+    cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    cmd.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
+    cmd.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                     help="round the model's linear weights at load (output then follows the "
+                     "rounded model)")  # fmt: skip
+    spec = cmd.add_argument_group(
+        "speculative decoding (default: the embedded draft for the embedded model, else off)"
+    )
+    spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
+    spec.add_argument("--method", choices=(PLAIN, *method_names()), default=None,
+                      help=f"where drafts come from (--draft alone: its draft model; "
+                      f"{PLAIN}: plain decoding)")  # fmt: skip
+    spec.add_argument("--k", type=int, default=None, help="draft tokens per step (4)")
+    spec.add_argument("--prompt-lookup-min", type=int, default=None, metavar="N",
+                      help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
+    spec.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
+                      help="longest n-gram prompt lookup matches (4)")  # fmt: skip
+    spec.add_argument(
+        "--draft-quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="round the draft's linear weights (changes acceptance, never output)",
+    )
+    cmd.add_argument("--batch-invariant", action="store_true",
+                     help="logits independent of batch mates: speculative greedy output equals "
+                     "plain greedy output bit for bit (slower)")  # fmt: skip
+
+
+SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
+    ("--k", "num_speculative_tokens"),
+    ("--prompt-lookup-min", "prompt_lookup_min"),
+    ("--prompt-lookup-max", "prompt_lookup_max"),
+    ("--draft-quantization", "quantization"),
+)
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
+    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the embedded
+    draft when no --model is given); ValueError on a contradiction, naming the flags. Method
+    names stay in the registry: whether a method takes a draft checkpoint is asked of it."""
+    given = {}  # option flag: (SpecConfig field, value)
+    for flag, field in SPEC_FLAGS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            given[flag] = (field, value)
+    if args.method == PLAIN:
+        if given or args.draft is not None:
+            extra = [*given, *(["--draft"] if args.draft is not None else [])]
+            raise ValueError(f"--method {PLAIN} decodes without drafts; drop {', '.join(extra)}")
+        return None
+    embedded_draft = None
+    if args.model is None:  # the embedded target comes with its embedded draft
+        from verispec.config import default_speculative
+
+        embedded_draft = default_speculative(None).model
+    if args.draft is None and args.method is None:
+        if args.model is None:
+            return _spec(model=embedded_draft, **dict(given.values())) if given else "auto"
+        if given:
+            verb = "needs" if len(given) == 1 else "need"
+            raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
+        return None
+    options: dict[str, Any] = dict(given.values())
+    if args.method is not None:
+        options["method"] = args.method
+        takes_draft = takes_draft_model(args.method)
+        if takes_draft and args.draft is None and embedded_draft is not None:
+            options["model"] = embedded_draft
+        elif takes_draft and args.draft is None:
+            raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
+        if not takes_draft and args.draft is not None:
+            raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
+    if args.draft is not None:
+        options["model"] = args.draft
+    return _spec(**options)
+
+
+def _spec(**options: Any) -> SpecConfig:
+    """SpecConfig(**options), its ValueError worded with the flags the user typed."""
+    try:
+        return SpecConfig(**options)
+    except ValueError as e:
+        raise ValueError(flag_names(str(e))) from None
+
+
+def flag_names(message: str) -> str:
+    """A SpecConfig message with each field name replaced by the flag that sets it.
+
+    >>> flag_names("num_speculative_tokens must be an integer in [1, 16], got 0")
+    '--k must be an integer in [1, 16], got 0'
+    """
+    for flag, field in SPEC_FLAGS:
+        message = re.sub(rf"\b(?:speculative )?{field}\b", flag, message)
+    return message
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse an empty --model or --draft, and a PROMPT argument that is not UTF-8 text."""
+    for flag, value in (("--model", args.model), ("--draft", args.draft)):
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} must not be empty; give a checkpoint directory or model name")
+    if args.prompt is not None:
+        check_argument_text(args.prompt, "PROMPT")
+
+
+def check_argument_text(text: str, name: str) -> None:
+    """ValueError for a command-line argument with bytes that are not UTF-8: Python keeps each
+    such byte as a surrogate U+DC80-U+DCFF (surrogateescape), e.g. 0xff as U+DCFF."""
+    bad = next((i for i, ch in enumerate(text) if "\udc80" <= ch <= "\udcff"), None)
+    if bad is not None:
+        byte = ord(text[bad]) - 0xDC00
+        raise ValueError(
+            f"{name} is not valid UTF-8 text: byte 0x{byte:02x} at index {bad}; pass UTF-8 text"
+        )
+    check_text(text, name)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling options of generate and chat."""
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed,
+    )  # fmt: skip
+
+
+def load_llm(args: argparse.Namespace) -> LLM:
+    """Check the arguments, then load the model with the speculative decoding they ask for."""
+    from verispec import LLM
+
+    check_arguments(args)
+    spec = spec_config(args)
+    print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
+    return LLM(
+        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        progress=True, speculative=spec, batch_invariant=args.batch_invariant,
+        quantization=args.quantization,
+    )  # fmt: skip
+
+
+def acceptance_line(spec: SpecStats) -> str:
+    """'accepted 71% of 40 drafts, 3.1 tokens/step', or why there is no rate."""
+    if not spec.num_draft_tokens or spec.mean_acceptance_length is None:
+        return "no drafts proposed"
+    return (f"accepted {spec.acceptance_rate:.0%} of {spec.num_draft_tokens} drafts, "
+            f"{spec.mean_acceptance_length:.1f} tokens/step")  # fmt: skip
