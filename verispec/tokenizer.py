@@ -7,21 +7,35 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from verispec.models.gguf import is_gguf
+
 
 class Tokenizer:
-    """Thin wrapper over the checkpoint's Hugging Face tokenizer (tokenizer.json + config)."""
+    """Thin wrapper over the checkpoint's Hugging Face tokenizer: tokenizer.json + config in a
+    directory, or the vocabulary in a GGUF file's metadata (converted by transformers)."""
 
     def __init__(self, path: Path) -> None:
         try:
-            self.hf: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(path))
-        except (OSError, ValueError) as e:
+            if is_gguf(path):
+                hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            else:
+                hf = AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
+        self.hf: PreTrainedTokenizerBase = hf
+        # A GGUF's eos is tokenizer.ggml.eos_token_id, which transformers makes hf's eos token.
         self.eos_token_ids = _eos_ids(path, self.hf.eos_token_id)
 
     @property
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce (the model's vocabulary may be padded beyond)."""
         return len(self.hf)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The checkpoint's Jinja chat template (tokenizer config or GGUF metadata), if any."""
+        template = self.hf.chat_template
+        return template if isinstance(template, str) else None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a prompt, with BOS when the tokenizer adds one."""

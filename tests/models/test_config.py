@@ -12,7 +12,7 @@ from torch.testing import assert_close
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from verispec.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from verispec.models.config import MODEL_TYPES, SUPPORTED_ARCHITECTURES, ModelConfig
 from verispec.models.rope import inverse_frequencies
 
 BASE: dict[str, Any] = {
@@ -44,6 +44,33 @@ def test_unsupported_architecture_is_named_with_the_supported_ones() -> None:
     with pytest.raises(ValueError, match="GPT2LMHeadModel") as error:
         ModelConfig.from_dict(config(architectures=["GPT2LMHeadModel"]))
     assert all(name in str(error.value) for name in SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("model_type", list(MODEL_TYPES))
+def test_model_type_stands_in_for_missing_architectures(model_type: str) -> None:
+    cfg = config(model_type=model_type)
+    del cfg["architectures"]
+    arch = MODEL_TYPES[model_type]
+    assert ModelConfig.from_dict(cfg) == ModelConfig.from_dict(config(architectures=[arch]))
+
+
+def test_unsupported_model_type_lists_the_supported_ones() -> None:
+    cfg = config(model_type="gpt2")
+    del cfg["architectures"]
+    with pytest.raises(ValueError, match="model_type 'gpt2'") as error:
+        ModelConfig.from_dict(cfg)
+    assert all(name in str(error.value) for name in [*SUPPORTED_ARCHITECTURES, *MODEL_TYPES])
+
+
+def test_tensor_shapes_follow_the_config() -> None:
+    shapes = ModelConfig.from_dict(config(head_dim=32)).tensor_shapes()
+    assert shapes["model.embed_tokens.weight"] == (320, 64)
+    assert shapes["model.layers.1.self_attn.q_proj.weight"] == (128, 64)  # 4 heads of 32
+    assert shapes["model.layers.1.self_attn.k_proj.weight"] == (64, 64)  # 2 KV heads of 32
+    assert shapes["model.layers.1.self_attn.o_proj.weight"] == (64, 128)
+    assert shapes["model.layers.1.mlp.down_proj.weight"] == (64, 128)
+    assert shapes["model.layers.1.self_attn.q_norm.weight"] == (32,)
+    assert "model.layers.2.input_layernorm.weight" not in shapes  # 2 layers
 
 
 def test_unsupported_rope_type_is_rejected() -> None:

@@ -14,6 +14,13 @@ SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "Qwen2ForCausalLM": {"qkv_bias": True, "qk_norm": False},
     "Qwen3ForCausalLM": {"qkv_bias": False, "qk_norm": True},
 }
+# config.json model_type -> architecture, for configs that name no (supported) architecture.
+MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -50,13 +57,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         """Parse a config.json dict (transformers 4.x or 5.x layout); ValueError if unsupported."""
-        archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(
-                f"unsupported model architecture {archs or cfg.get('model_type')!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        arch = _architecture(cfg)
         traits = SUPPORTED_ARCHITECTURES[arch]
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -91,6 +92,55 @@ class ModelConfig:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read model config {path}: {e}") from e
         return cls.from_dict(cfg)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Hugging Face tensor name -> the shape this config implies (weights are [out, in]).
+
+        E.g. hidden 64 with 2 KV heads of 16: "model.layers.0.self_attn.k_proj.weight" -> (32, 64).
+        """
+        hidden, inter, head_dim = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        layer = {
+            "input_layernorm.weight": (hidden,),
+            "post_attention_layernorm.weight": (hidden,),
+            "self_attn.q_proj.weight": (q, hidden),
+            "self_attn.k_proj.weight": (kv, hidden),
+            "self_attn.v_proj.weight": (kv, hidden),
+            "self_attn.q_proj.bias": (q,),
+            "self_attn.k_proj.bias": (kv,),
+            "self_attn.v_proj.bias": (kv,),
+            "self_attn.o_proj.weight": (hidden, q),
+            "self_attn.o_proj.bias": (hidden,),
+            "self_attn.q_norm.weight": (head_dim,),
+            "self_attn.k_norm.weight": (head_dim,),
+            "mlp.gate_proj.weight": (inter, hidden),
+            "mlp.up_proj.weight": (inter, hidden),
+            "mlp.down_proj.weight": (hidden, inter),
+        }
+        shapes = {
+            "model.embed_tokens.weight": (self.vocab_size, hidden),
+            "lm_head.weight": (self.vocab_size, hidden),
+            "model.norm.weight": (hidden,),
+        }
+        for i in range(self.num_layers):
+            shapes.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+        return shapes
+
+
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The supported architecture a config names, or the one its model_type implies when it
+    names none (as transformers does); ValueError listing the supported ones otherwise."""
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None and not archs:
+        arch = MODEL_TYPES.get(cfg.get("model_type") or "")
+    if arch is None:
+        named = ", ".join(archs) if archs else f"model_type {cfg.get('model_type')!r}"
+        raise ValueError(
+            f"unsupported model architecture {named}; supported architectures: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (model types {', '.join(MODEL_TYPES)})"
+        )
+    return arch
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

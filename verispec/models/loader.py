@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from verispec.models.config import ModelConfig
+from verispec.models.gguf import is_gguf, read_gguf
 from verispec.models.linear import Linear, LinearBackend, choose_backend
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.quantization import check_quantization
@@ -18,30 +19,89 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
+# Any one of these gives the vocabulary; transformers builds the tokenizer from it.
+VOCABULARY_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """ValueError naming the missing files when a checkpoint directory has no tokenizer.
+
+    Cheap (it only looks at file names), so a missing tokenizer is reported before the weights
+    are read. A GGUF file carries its tokenizer in its metadata; gguf.py checks that.
+    """
+    if is_gguf(path):
+        return
+    if any(all((path / name).is_file() for name in files) for files in VOCABULARY_FILES):
+        return
+    first, *others = (" + ".join(files) for files in VOCABULARY_FILES)
+    missing = f"{first} (or {', or '.join(others)})"
+    if not (path / "tokenizer_config.json").is_file():
+        missing += " and tokenizer_config.json"
+    raise ValueError(f"model directory {path} has no tokenizer: missing {missing}")
+
+
 def resolve_model_path(model: str | Path) -> Path:
-    """A local checkpoint directory, or a hub id downloaded with huggingface_hub (online only)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
+    """The checkpoint to load: a Hugging Face directory, a .gguf file (or a directory holding
+    exactly one and no config.json), or a hub id fetched with huggingface_hub (online only).
+
+    Also checks that a directory has tokenizer files, so a missing tokenizer is reported before
+    gigabytes of weights are read.
+    """
+    text = str(model)
+    if not text:
+        raise ValueError("model must be a path or a name, got an empty string")
+    path = Path(text).expanduser()
+    if path.is_file():
+        if not is_gguf(path):
             raise ValueError(
-                f"model directory {path} has no config.json; expected a Hugging Face "
-                "checkpoint (config.json, *.safetensors, tokenizer.json)"
+                f"model file {path} is not a .gguf file; pass a checkpoint directory "
+                "(config.json, *.safetensors, tokenizer.json) or a .gguf file"
             )
         return path
-    text = str(model)
-    looks_like_path = text.startswith((".", "/", "~")) or path.exists() or text.count("/") > 1
+    if path.is_dir():
+        return _checkpoint_in(path)
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or is_gguf(path)
     if looks_like_path:
-        raise ValueError(f"model directory {text!r} does not exist (or is not a directory)")
-    try:
-        from huggingface_hub import snapshot_download
+        raise ValueError(f"model path {text!r} does not exist")
+    return _checkpoint_in(_download(text))
 
-        return Path(snapshot_download(repo_id=text, allow_patterns=HUB_FILES))
-    except Exception as e:
-        raise ValueError(
-            f"model {text!r} is not a local directory and could not be fetched from the "
-            f"Hugging Face hub ({type(e).__name__}: {e}). "
-            "Pass a checkpoint directory, or go online."
-        ) from e
+
+def _checkpoint_in(path: Path) -> Path:
+    """path if it is a Hugging Face checkpoint directory, else its only .gguf file."""
+    if (path / "config.json").is_file():
+        check_tokenizer_files(path)
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        names = ", ".join(f.name for f in ggufs)
+        raise ValueError(f"model directory {path} holds several .gguf files ({names}); pass one")
+    raise ValueError(
+        f"model directory {path} has no config.json and no .gguf file; expected a Hugging Face "
+        "checkpoint (config.json, *.safetensors, tokenizer.json) or a .gguf file"
+    )
+
+
+def _download(repo_id: str) -> Path:
+    """A hub checkpoint's local snapshot; a one-line ValueError when it cannot be fetched."""
+    from huggingface_hub import errors, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=repo_id, allow_patterns=HUB_FILES))
+    except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError):
+        reason = "nor a model on the Hugging Face hub (or it is private or gated)"
+    except errors.HFValidationError:
+        reason = "nor a valid Hugging Face model id"
+    except Exception as e:  # offline, DNS, proxy, timeouts: the hub client raises many kinds
+        reason = (
+            f"and the Hugging Face hub could not be reached to fetch it "
+            f"({type(e).__name__}; offline?)"
+        )
+    raise ValueError(
+        f"model {repo_id!r} is not a local file or directory, {reason}; pass the path of a "
+        "checkpoint directory or of a .gguf file"
+    )
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -66,16 +126,21 @@ def load_model(
     batch_invariant: bool = False,
     quantization: str | None = None,
 ) -> LlamaModel:
-    """Build a LlamaModel from a checkpoint directory's config.json and safetensors files.
+    """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
+    from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights).
 
     quantization (None, "fp16", "int8") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored.
     """
-    config = ModelConfig.from_file(path / "config.json")
     check_quantization(quantization)
     backend = choose_backend(linear_backend, device, dtype)
-    weights = _read_safetensors(path, dtype, device, progress)
-    source = f"checkpoint {path}"
+    if is_gguf(path):
+        config, weights = read_gguf(path, dtype, device, progress)
+        source = f"GGUF file {path}"
+    else:
+        config = ModelConfig.from_file(path / "config.json")
+        weights = _read_safetensors(path, dtype, device, progress)
+        source = f"checkpoint {path}"
     return build_model(config, weights, backend, batch_invariant, quantization, source)
 
 
@@ -88,19 +153,27 @@ def build_model(
     source: str = "checkpoint",
 ) -> LlamaModel:
     """A LlamaModel from Hugging Face tensor names -> tensors (consumed); backend as returned
-    by choose_backend. source names the weights in error messages."""
+    by choose_backend. Every tensor's shape is checked against the config here, at load time.
+    source names the weights in error messages."""
+    shapes = config.tensor_shapes()
 
     def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         return Linear(weight, bias, backend, batch_invariant, quantization)
 
     def take(name: str) -> torch.Tensor:
-        try:
-            return weights.pop(name)
-        except KeyError:
-            raise ValueError(f"{source} lacks tensor {name!r}") from None
+        tensor = maybe(name)
+        if tensor is None:
+            raise ValueError(f"{source} lacks tensor {name!r}")
+        return tensor
 
     def maybe(name: str) -> torch.Tensor | None:
-        return weights.pop(name, None)
+        tensor = weights.pop(name, None)
+        if tensor is not None and tuple(tensor.shape) != shapes[name]:
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {list(tensor.shape)}, but the config "
+                f"implies {list(shapes[name])}"
+            )
+        return tensor
 
     layers = []
     for i in range(config.num_layers):
@@ -113,8 +186,8 @@ def build_model(
             DecoderLayer(
                 input_norm=take(f"{p}input_layernorm.weight"),
                 qkv=linear(qkv_w, qkv_b),
-                q_norm=maybe(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
-                k_norm=maybe(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
+                q_norm=take(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
+                k_norm=take(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
                 o=linear(take(f"{p}self_attn.o_proj.weight"), maybe(f"{p}self_attn.o_proj.bias")),
                 post_norm=take(f"{p}post_attention_layernorm.weight"),
                 gate_up=linear(gate_up, None),
@@ -136,24 +209,46 @@ def _read_safetensors(
     path: Path, dtype: torch.dtype, device: torch.device, progress: bool
 ) -> dict[str, torch.Tensor]:
     """Every tensor of a single-file or sharded (model.safetensors.index.json) checkpoint."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / n for n in shard_names]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"model directory {path} has no *.safetensors weights")
+    files = _safetensors_files(path)
     weights: dict[str, torch.Tensor] = {}
-    try:
-        handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    except OSError as e:
-        raise ValueError(f"cannot read weights in {path}: {e}") from e
-    total = sum(len(h.keys()) for h in handles)
+    handles = []
+    for file in files:
+        try:
+            handles.append((file, safe_open(str(file), framework="pt", device="cpu")))
+        except (OSError, SafetensorError) as e:
+            raise ValueError(f"checkpoint file {file} is corrupt or truncated ({e})") from e
+    total = sum(len(h.keys()) for _, h in handles)
     with tqdm(total=total, desc=f"loading {path.name}", unit="tensor", disable=not progress,
               leave=False) as bar:  # fmt: skip
-        for handle in handles:
+        for file, handle in handles:
             for name in handle.keys():
-                weights[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
+                try:
+                    tensor = handle.get_tensor(name)
+                except (OSError, SafetensorError) as e:
+                    raise ValueError(f"checkpoint file {file} is corrupt or truncated ({e})") from e
+                weights[name] = tensor.to(device=device, dtype=dtype)
                 bar.update()
     return weights
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The shards model.safetensors.index.json lists, else every *.safetensors file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shard_names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"checkpoint index {index} is not valid: expected JSON with a "
+                f'"weight_map" of tensor name -> shard file ({type(e).__name__}: {e})'
+            ) from e
+        files = [path / n for n in shard_names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"checkpoint index {index} lists missing shards: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model directory {path} has no *.safetensors weights")
+    return files

