@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from verispec.models.config import ModelConfig
 from verispec.models.gguf import is_gguf, read_gguf
+from verispec.models.hub import named_model_path
 from verispec.models.linear import Linear, LinearBackend, choose_backend
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.quantization import check_quantization
@@ -42,7 +43,8 @@ def check_tokenizer_files(path: Path) -> None:
 
 def resolve_model_path(model: str | Path) -> Path:
     """The checkpoint to load: a Hugging Face directory, a .gguf file (or a directory holding
-    exactly one and no config.json), or a hub id fetched with huggingface_hub (online only).
+    exactly one and no config.json), a named model (models/hub.py: fetched once into the
+    cache), or a hub id fetched with huggingface_hub (online only).
 
     Also checks that a directory has tokenizer files, so a missing tokenizer is reported before
     gigabytes of weights are read.
@@ -63,6 +65,9 @@ def resolve_model_path(model: str | Path) -> Path:
     looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or is_gguf(path)
     if looks_like_path:
         raise ValueError(f"model path {text!r} does not exist")
+    named = named_model_path(text)  # a verispec name (fetched once into the cache)
+    if named is not None:
+        return named if named.is_file() else _checkpoint_in(named)
     return _checkpoint_in(_download(text))
 
 
