@@ -12,7 +12,9 @@ from conftest import SPEC_PAIRS
 
 from verispec import cli, cli_options
 from verispec.cli import build_parser, main, method_takes_draft
-from verispec.drafters.registry import PLAIN, method_names
+from verispec.cli_options import spec_config
+from verispec.config import SpecConfig, default_speculative
+from verispec.drafters.registry import MODEL_FREE_METHOD, PLAIN, method_names
 from verispec.models.default import embedded_model_path
 from verispec.train.tokenizer import save_tokenizer
 
@@ -271,22 +273,37 @@ def test_speculative_json_from_a_real_process(spec_pair) -> None:
     assert result["settings"]["k"] == 2 and result["settings"]["draft"] == str(draft)
 
 
-def test_default_main_job_is_the_embedded_pair_in_a_real_process() -> None:
-    proc = run_cli("generate", "def fibonacci(n):", "--max-tokens", "16", "--json")
+def test_readme_main_job_answers_in_a_real_process(smollm2_path: Path) -> None:
+    """The README's first command: the default model (SmolLM2) answers a chat question, with
+    prompt lookup drafting, and prints tokens/s and acceptance."""
+    proc = run_cli("chat", "What is the capital of France?", "--max-tokens", "24")
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    settings = result["settings"]
-    assert settings["model"] == str(embedded_model_path("target"))
-    assert settings["draft"] == str(embedded_model_path("draft"))
-    assert settings["k"] == 4 and result["metrics"]["num_draft_tokens"] > 0
+    assert "Paris" in proc.stdout
+    stats = proc.stderr.strip().splitlines()[-1]
+    assert "tokens/s" in stats and "drafts" in stats, stats
 
 
-def test_default_model_options(capsys) -> None:
-    plain = generate_json(capsys, "def f(x):", "--max-tokens", "4", "--method", PLAIN)
+def test_default_model_drafts_with_prompt_lookup() -> None:
+    def spec(*args: str) -> object:
+        return spec_config(build_parser().parse_args(["generate", "x", *args]))
+
+    assert spec() == "auto"
+    assert default_speculative(None) == SpecConfig(method=MODEL_FREE_METHOD)
+    k2 = spec("--k", "2")
+    assert (k2.method, k2.num_speculative_tokens, k2.model) == (MODEL_FREE_METHOD, 2, None)
+    assert spec("--method", PLAIN) is None
+    with pytest.raises(ValueError, match="needs --draft"):
+        spec("--method", next(m for m in method_names() if method_takes_draft(m)))
+
+
+def test_embedded_model_options(capsys) -> None:
+    plain = generate_json(capsys, "def f(x):", "--model", "embedded-code", "--max-tokens", "4",
+                          "--method", PLAIN)  # fmt: skip
     assert plain["settings"]["method"] is None and plain["metrics"]["num_draft_tokens"] == 0
-    k2 = generate_json(capsys, "def f(x):", "--max-tokens", "4", "--k", "2")
-    assert k2["settings"]["k"] == 2
-    assert k2["settings"]["draft"] == str(embedded_model_path("draft"))
+    assert plain["settings"]["model"] == str(embedded_model_path("target"))
+    k2 = generate_json(capsys, "def f(x):", "--model", "embedded-code", "--max-tokens", "4",
+                       "--k", "2")  # fmt: skip
+    assert k2["settings"]["k"] == 2 and k2["settings"]["draft"] == "embedded-code-draft"
     assert main(["generate", "x", "--method", PLAIN, "--k", "2"]) == 2
     assert f"--method {PLAIN} decodes without drafts; drop --k" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""Command line: `verispec generate|chat|bench|train ...`; bad input exits 2 with one line."""
+"""Command line: `verispec generate|chat|pull|bench|train ...`; bad input exits 2 with one line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
 from verispec.drafters.registry import method_names, takes_draft_model
+from verispec.models.hub import model_names, pull
 
 EXIT_BAD_INPUT = 2
 
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("prompt", nargs="?", default=None,
                       help="one question (none: an interactive session)")  # fmt: skip
     add_model_options(chat, max_tokens=256)
+    pull = sub.add_parser(
+        "pull", help="fetch a named model into verispec's cache (done on first use otherwise)",
+        description=f"Named models: {', '.join(model_names())}. Prints the local path.",
+    )  # fmt: skip
+    pull.add_argument("name", choices=model_names(), help="model name")
     _add_train_parser(sub)
     _add_bench_parser(sub)
     return parser
@@ -104,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `verispec` command; bad input exits 2 with a one-line message."""
     args = build_parser().parse_args(argv)
     try:
-        commands = {"train": _train, "bench": _bench, "generate": _generate, "chat": _chat}
+        commands = {
+            "train": _train, "bench": _bench, "generate": _generate, "chat": _chat, "pull": _pull,
+        }  # fmt: skip
         return commands[args.command](args)
     except ValueError as e:
         print(f"verispec: error: {e}", file=sys.stderr)
@@ -135,6 +143,11 @@ def _bench(args: argparse.Namespace) -> int:
     from verispec.bench.main import bench_config, run
 
     return run(bench_config(args), args)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    print(pull(args.name))
+    return 0
 
 
 def _chat(args: argparse.Namespace) -> int:

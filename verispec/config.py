@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from verispec.drafters.registry import DEFAULT_METHOD, method
-from verispec.models.default import embedded_model_path
+from verispec.drafters.registry import DEFAULT_METHOD, MODEL_FREE_METHOD, method
+from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
 from verispec.models.linear import LinearBackend
 from verispec.models.quantization import check_quantization
 
@@ -36,7 +36,8 @@ class EngineConfig:
     """Everything the engine needs besides the requests."""
 
     model: str | None = None
-    """Checkpoint directory or hub id; None = the embedded default model."""
+    """Checkpoint directory, .gguf file, named model (verispec/models/hub.py) or hub id;
+    None = the default model (SmolLM2-135M-Instruct, fetched once)."""
     dtype: str = "auto"
     """auto (float32 on CPU, bfloat16 on GPU), float32, float16 or bfloat16."""
     device: str = "auto"
@@ -61,8 +62,9 @@ class EngineConfig:
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
-    """Speculative decoding; None = plain autoregressive decoding; "auto" = the embedded draft
-    when model is None (the embedded target), else plain decoding."""
+    """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
+    drafter (prompt lookup for the default chat model, the embedded draft for embedded-code),
+    plain decoding for any other model (see default_speculative)."""
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
@@ -142,7 +144,12 @@ class SpecConfig:
 
 
 def default_speculative(model: str | None) -> SpecConfig | None:
-    """What speculative="auto" means: the embedded draft for the embedded target, else None."""
-    if model is not None:
+    """What speculative="auto" means. A named model (None = the default model) drafts with its
+    trained draft when it has one, else with prompt lookup (no weights); any other model
+    decodes plainly unless asked."""
+    named = NAMED_MODELS.get(model or DEFAULT_MODEL)
+    if named is None:
         return None
-    return SpecConfig(method=DEFAULT_METHOD, model=str(embedded_model_path("draft")))
+    if named.draft is not None:
+        return SpecConfig(method=DEFAULT_METHOD, model=named.draft)
+    return SpecConfig(method=MODEL_FREE_METHOD)

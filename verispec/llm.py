@@ -24,9 +24,10 @@ Params = SamplingParams | Sequence[SamplingParams] | None
 class LLM:
     """Load a model once, then generate for batches of prompts or conversations.
 
-    With no model, the embedded Python-code target is loaded and, unless speculative=None,
-    decoded speculatively with the embedded draft (speculative="auto"). speculative also takes
-    vLLM's dict form, e.g. {"method": "ngram", "num_speculative_tokens": 4}.
+    With no model, SmolLM2-135M-Instruct is loaded (fetched once into the cache) and, unless
+    speculative=None, decoded with prompt lookup (speculative="auto": a named model's own
+    drafter). speculative also takes vLLM's dict form, e.g. {"method": "ngram",
+    "num_speculative_tokens": 4}.
     """
 
     def __init__(

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.models.default import EMBEDDED_DIR, default_model_path, embedded_model_path
+from verispec.models.default import EMBEDDED_DIR, embedded_model_path
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, spread
 
@@ -38,7 +38,6 @@ def test_shipped_files_are_fp16_and_share_one_tokenizer() -> None:
     assert target_cfg["architectures"] == draft_cfg["architectures"] == ["LlamaForCausalLM"]
     assert target_cfg["max_position_embeddings"] >= 512
     assert (EMBEDDED_DIR / "MODEL_CARD.md").is_file()
-    assert default_model_path() == TARGET
 
 
 def test_unknown_embedded_name_is_a_value_error() -> None:
@@ -71,14 +70,15 @@ def test_speculative_greedy_equals_plain_greedy(prompts: list[str]) -> None:
     assert drafted > 0 and accepted / drafted > 0.3  # the draft is aligned with the target
 
 
-def test_llm_without_a_model_is_the_embedded_pair() -> None:
-    llm = LLM()
+def test_the_embedded_name_brings_its_draft() -> None:
+    llm = LLM(model="embedded-code")
     assert llm.engine.model_path == TARGET
     spec = llm.engine.config.speculative
-    assert spec is not None and spec.model == str(DRAFT)
+    assert spec is not None and spec.method == "draft_model" and spec.model == "embedded-code-draft"
+    assert llm.engine.proposer.model.config.num_layers < llm.engine.model.config.num_layers
     (out,) = llm.generate("def add(a, b):\n", SamplingParams(temperature=0.0, max_tokens=16))
     assert out.metrics.spec.num_draft_tokens > 0
-    plain = LLM(speculative=None)
+    plain = LLM(model="embedded-code", speculative=None)
     assert plain.engine.config.speculative is None
-    other = LLM(model=str(DRAFT))
-    assert other.engine.config.speculative is None  # "auto" only pairs the embedded target
+    other = LLM(model=str(TARGET))
+    assert other.engine.config.speculative is None  # "auto" pairs named models only

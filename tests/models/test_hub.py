@@ -143,8 +143,10 @@ def test_pip_failure_is_one_line_naming_status_and_the_offline_way(
 
 
 def test_names_and_lookup() -> None:
-    assert hub.model_names() == ("smollm2-135m-instruct", "embedded-code")
+    assert hub.model_names() == ("smollm2-135m-instruct", "embedded-code", "embedded-code-draft")
     assert hub.named_model_path("embedded-code") == embedded_model_path("target")
+    assert hub.named_model_path("embedded-code-draft") == embedded_model_path("draft")
+    assert hub.DEFAULT_MODEL in hub.model_names()
     assert hub.named_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") is None
     assert hub.named_model_path("no-such-model") is None
 

@@ -43,7 +43,10 @@ PLAIN = "none"
 """The name benchmarks and the CLI give to plain decoding (no proposer)."""
 
 DEFAULT_METHOD = "draft_model"
-"""SpecConfig's method when none is given (and the embedded pair's)."""
+"""SpecConfig's method when none is given, and the one a model with a trained draft uses."""
+
+MODEL_FREE_METHOD = "ngram"
+"""The drafter for a model that has no trained drafter (needs no weights at all)."""
 
 
 def method(name: str) -> Method:

