@@ -85,7 +85,8 @@ def make_checkpoint(
     fp16_values rounds every matrix to a float16-representable value (still saved as float32),
     so the fp16 linear backend, which refuses to round, can load it.
     """
-    config = family_config(family, len(tokenizer), **overrides)
+    overrides.setdefault("vocab_size", len(tokenizer))
+    config = family_config(family, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():

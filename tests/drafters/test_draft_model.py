@@ -365,3 +365,16 @@ def test_plain_decoding_has_no_speculation_stats(spec_pair) -> None:
     assert d["per_position_acceptance_rate"] == []
     assert out.metrics.acceptance_rate is None and out.metrics.mean_acceptance_length is None
     assert llm.engine.spec_stats == SpecStats()
+
+
+def test_draft_with_too_few_embedding_rows_is_refused_at_load(
+    llama_checkpoint: Path, tokenizer, tmp_path: Path
+) -> None:
+    """Its tokenizer maps every token as the target's does, but ids past its last embedding row
+    would crash the first forward that meets them: refused when the engine starts."""
+    short = tmp_path / "short-draft"
+    make_checkpoint(short, "llama", tokenizer, vocab_size=len(tokenizer) - 20)
+    spec = SpecConfig(method="draft_model", model=str(short))
+    with pytest.raises(ValueError, match=f"has {len(tokenizer) - 20} embedding rows but the "
+                       f"tokenizer and target use {len(tokenizer)} token ids"):  # fmt: skip
+        LLM(model=str(llama_checkpoint), speculative=spec)

@@ -166,10 +166,12 @@ def test_unseeded_sampling_follows_the_engine_seed(llama_checkpoint: Path) -> No
     assert run(seed=5) != run(seed=6)
 
 
-def test_engine_max_model_len_is_capped_by_the_model(make_llm: Callable[..., LLM]) -> None:
+def test_max_model_len_above_the_model_is_an_error(make_llm: Callable[..., LLM]) -> None:
     assert make_llm().engine.max_model_len == 256  # the checkpoint's max_position_embeddings
     assert make_llm(max_model_len=64).engine.max_model_len == 64
-    assert make_llm(max_model_len=10_000).engine.max_model_len == 256
+    with pytest.raises(ValueError, match=r"max_model_len=10000 is above what the model supports "
+                       r"\(max_position_embeddings=256"):  # fmt: skip
+        make_llm(max_model_len=10_000)
 
 
 def test_context_limit_ends_generation_with_length(make_llm: Callable[..., LLM]) -> None:
