@@ -8,23 +8,28 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from verispec.models.gguf import is_gguf
+from verispec.models.gguf_cache import cached_checkpoint, cached_tokenizer, gguf_tokenizer
 
 
 class Tokenizer:
     """Thin wrapper over the checkpoint's Hugging Face tokenizer: tokenizer.json + config in a
-    directory, or the vocabulary in a GGUF file's metadata (converted by transformers)."""
+    directory, or the vocabulary in a GGUF file's metadata (converted by transformers once,
+    then read from the file's cache entry: see models/gguf_cache.py)."""
 
     def __init__(self, path: Path) -> None:
-        try:
-            if is_gguf(path):
-                hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            else:
-                hf = AutoTokenizer.from_pretrained(str(path))
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
-        self.hf: PreTrainedTokenizerBase = hf
-        # A GGUF's eos is tokenizer.ggml.eos_token_id, which transformers makes hf's eos token.
-        self.eos_token_ids = _eos_ids(path, self.hf.eos_token_id)
+        checkpoint = cached_checkpoint(path) if is_gguf(path) else path
+        if checkpoint is None:  # a GGUF file the cache cannot hold: convert it here
+            self.hf: PreTrainedTokenizerBase = gguf_tokenizer(path)
+        elif checkpoint != path:  # the GGUF's converted copy in the cache
+            self.hf = cached_tokenizer(checkpoint)
+        else:
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(path))
+            except (OSError, ValueError, KeyError) as e:
+                raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
+        # A GGUF's eos is tokenizer.ggml.eos_token_id, which transformers makes hf's eos token
+        # (and its cache entry's generation_config.json holds).
+        self.eos_token_ids = _eos_ids(checkpoint or path, self.hf.eos_token_id)
 
     @property
     def vocab_size(self) -> int:

@@ -4,6 +4,7 @@ loading of the same file; and the errors for files we cannot load."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,17 @@ CASES = (
     ("qwen3", "Q6_K", {**WIDE, **QWEN3}),
 )
 NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A verispec cache for this module: the GGUF files here are converted into it (see
+    test_gguf_cache.py), never into the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("cache")
+        patch.setenv("VERISPEC_CACHE", str(path))
+        patch.delenv("VERISPEC_NO_GGUF_CACHE", raising=False)
+        yield path
 
 
 @dataclass(slots=True)

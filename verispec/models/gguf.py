@@ -3,6 +3,7 @@ weights dequantized to float32 under Hugging Face tensor names for loader.build_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.quants import dequantize
 from tqdm import tqdm
 
-from verispec.models.config import ModelConfig
+from verispec.models.config import MODEL_TYPES, ModelConfig
 
 # general.architecture values we load; llama.cpp writes Mistral checkpoints as "llama".
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -50,11 +51,29 @@ def read_gguf(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and every weight (Hugging Face names, dequantized, then cast to dtype) of a
     GGUF file; ValueError for an unreadable file, architecture, tensor type or tokenizer."""
+    config_json, tensors = gguf_checkpoint(path, progress)
+    weights = {name: values.to(device=device, dtype=dtype) for name, values in tensors}
+    return ModelConfig.from_dict(config_json), weights
+
+
+def gguf_checkpoint(
+    path: Path, progress: bool = False
+) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:
+    """A GGUF file as a Hugging Face checkpoint: its config.json dict, and its weights as a lazy
+    stream of (Hugging Face name, float32 tensor), dequantized one at a time so a caller can
+    cast or save each before the next. Every check runs before this returns (ValueError)."""
     reader = open_gguf(path)
-    config = gguf_config(reader, path)
+    config_json = gguf_config_json(reader, path)
+    config = ModelConfig.from_dict(config_json)
     check_tensor_types(reader, path)
     names = [hf_tensor_name(t.name, path) for t in reader.tensors]  # all known before any work
-    weights: dict[str, torch.Tensor] = {}
+    return config_json, _float32_tensors(reader, names, config, path, progress)
+
+
+def _float32_tensors(
+    reader: GGUFReader, names: list[str], config: ModelConfig, path: Path, progress: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, values) per tensor: dequantized, q/k rows back in Hugging Face order."""
     permuted = _metadata(reader)["general.architecture"] in PERMUTED_ARCHITECTURES
     rotary_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     for name, tensor in tqdm(zip(names, reader.tensors, strict=True), total=len(names),
@@ -64,8 +83,7 @@ def read_gguf(
         kind = tensor.name.split(".")[-2]  # "blk.0.attn_q.weight" -> "attn_q"
         if permuted and kind in rotary_heads:
             values = unpermute_rotary_rows(values, rotary_heads[kind])
-        weights[name] = values.to(device=device, dtype=dtype)
-    return config, weights
+        yield name, values
 
 
 def open_gguf(path: Path) -> GGUFReader:
@@ -76,9 +94,9 @@ def open_gguf(path: Path) -> GGUFReader:
         raise ValueError(f"GGUF file {path} is truncated or not a GGUF file ({e})") from e
 
 
-def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
-    """ModelConfig from llama.cpp's metadata keys ({arch}.block_count, ...), parsed through the
-    same config.json rules as a Hugging Face checkpoint."""
+def gguf_config_json(reader: GGUFReader, path: Path) -> dict[str, Any]:
+    """The config.json dict (architectures included) that llama.cpp's metadata keys
+    ({arch}.block_count, ...) describe; ModelConfig.from_dict parses it like any checkpoint's."""
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
@@ -107,8 +125,10 @@ def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     is_mistral = arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower()
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
-    return ModelConfig.from_dict({
-        "model_type": "mistral" if is_mistral else arch,
+    model_type = "mistral" if is_mistral else arch
+    return {
+        "architectures": [MODEL_TYPES[model_type]],
+        "model_type": model_type,
         "vocab_size": int(tensors["token_embd.weight"].shape[-1]),  # GGUF shapes are reversed
         "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length"),
@@ -125,7 +145,7 @@ def gguf_config(reader: GGUFReader, path: Path) -> ModelConfig:
         "sliding_window": meta.get(f"{arch}.attention.sliding_window"),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 def check_tensor_types(reader: GGUFReader, path: Path) -> None:

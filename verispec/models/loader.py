@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from verispec.models.config import ModelConfig
 from verispec.models.gguf import is_gguf, read_gguf
+from verispec.models.gguf_cache import cached_checkpoint
 from verispec.models.hub import named_model_path
 from verispec.models.linear import Linear, LinearBackend, choose_backend
 from verispec.models.llama import DecoderLayer, LlamaModel
@@ -132,20 +133,22 @@ def load_model(
     quantization: str | None = None,
 ) -> LlamaModel:
     """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
-    from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights).
+    from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights;
+    after the first load, read from its converted copy in the cache: see gguf_cache.py).
 
     quantization (None, "fp16", "int8") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored.
     """
     check_quantization(quantization)
     backend = choose_backend(linear_backend, device, dtype)
-    if is_gguf(path):
+    checkpoint = cached_checkpoint(path, progress) if is_gguf(path) else path
+    if checkpoint is None:  # a GGUF file the cache cannot hold: read it directly
         config, weights = read_gguf(path, dtype, device, progress)
         source = f"GGUF file {path}"
     else:
-        config = ModelConfig.from_file(path / "config.json")
-        weights = _read_safetensors(path, dtype, device, progress)
-        source = f"checkpoint {path}"
+        config = ModelConfig.from_file(checkpoint / "config.json")
+        weights = _read_safetensors(checkpoint, dtype, device, progress)
+        source = f"checkpoint {checkpoint}"
     return build_model(config, weights, backend, batch_invariant, quantization, source)
 
 
