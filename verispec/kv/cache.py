@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU its pages come zeroed from the OS when first touched (numpy's
+    calloc), so a cache sized for max_num_seqs x max_model_len costs memory and time only for
+    the slots used; torch.zeros would write every byte up front (seconds for gigabytes)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros((*shape[:-1], shape[-1] * size), dtype=np.uint8))
+    return raw.view(dtype)  # zero bytes are 0.0 in every float format
 
 
 class KVCache:
@@ -21,12 +33,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(
-            shape, dtype=dtype, device=device
-        )  # [layers, slots, kv_heads, head_dim]
-        self.v = torch.zeros(
-            shape, dtype=dtype, device=device
-        )  # [layers, slots, kv_heads, head_dim]
+        self.k = zeros(shape, dtype, torch.device(device))  # [layers, slots, kv_heads, head_dim]
+        self.v = zeros(shape, dtype, torch.device(device))  # [layers, slots, kv_heads, head_dim]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, head_dim] of the new tokens at slots [T]."""
