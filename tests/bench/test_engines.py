@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import SPEC_PAIRS
 
-from verispec.bench.engines import MethodSpec, Sampling, TransformersEngine, VerispecEngine
+from verispec.bench.engines import MethodSpec, Sampling, VerispecEngine, gaps
+from verispec.bench.hf_engine import TransformersEngine, hf_location
 from verispec.cli import method_takes_draft
 from verispec.drafters.registry import PLAIN, method_names
 
@@ -52,3 +53,13 @@ def test_sampled_runs_are_seeded_and_concurrency_batches(spec_pair) -> None:
     assert [r.token_ids for r in a.requests] == [r.token_ids for r in b.requests]
     with pytest.raises(ValueError, match="one prompt at a time"):
         TransformersEngine(target, draft, MethodSpec(), "float32").run(PROMPTS, sampling, 2)
+
+
+def test_gaps_share_a_step_time() -> None:
+    assert gaps([(1.0, 1), (1.5, 3)]) == [0.5, 0.0, 0.0]
+    assert gaps([(2.0, 2)]) == [0.0]
+
+
+def test_hf_location_of_a_gguf_file(tmp_path) -> None:
+    assert hf_location(tmp_path / "m.gguf") == (str(tmp_path), {"gguf_file": "m.gguf"})
+    assert hf_location(tmp_path) == (str(tmp_path), {})

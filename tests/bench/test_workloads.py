@@ -1,21 +1,72 @@
-"""The benchmark's shipped workload files."""
+"""The benchmark's shipped workload files, and how prompts become token ids."""
 
 from __future__ import annotations
 
+import copy
 import platform
 
 import pytest
 
-from verispec.bench.workloads import BUILT_WITH_PYTHON, WORKLOADS, build_workload
+from verispec.bench.workloads import (
+    BUILT_WITH_PYTHON,
+    ROLES,
+    WORKLOADS,
+    ChatPrompt,
+    build_workload,
+    parse_row,
+    prompt_token_ids,
+)
 from verispec.train.corpus import corpus_files
-from verispec.train.prompts import MAX_PROMPT_CHARS
+from verispec.train.prompts import MAX_PROMPT_CHARS, Prompt
+
+BUILT = sorted(name for name, w in WORKLOADS.items() if not w.chat)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-@pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.parametrize("name", BUILT)
 def test_shipped_prompt_files(name: str) -> None:
     workload = WORKLOADS[name]
     prompts = workload.prompts()
     assert len(prompts) == workload.num_prompts and len(workload.prompts(4)) == 4
-    assert all(len(p.text) <= MAX_PROMPT_CHARS for p in prompts)
+    assert all(isinstance(p, Prompt) and len(p.text) <= MAX_PROMPT_CHARS for p in prompts)
     if platform.python_version() == BUILT_WITH_PYTHON:  # same stdlib: the files rebuild exactly
         assert build_workload(workload, corpus_files("heldout")) == prompts
+
+
+def test_chat_workload_file() -> None:
+    workload = WORKLOADS["chat"]
+    prompts = workload.prompts()
+    assert workload.chat and workload.max_tokens == 96
+    assert len(prompts) == workload.num_prompts >= 32
+    assert len({p.id for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert isinstance(p, ChatPrompt) and p.messages[-1]["role"] == "user"
+        assert all(m["role"] in ROLES and m["content"].strip() for m in p.messages)
+    # rewriting and summarising rows carry their paragraph: prompt lookup's home ground
+    assert sum(len(p.messages[-1]["content"]) > 300 for p in prompts) >= 8
+    assert len(workload.prompts(6)) == 6
+    with pytest.raises(ValueError, match="written by hand"):
+        build_workload(workload, [])
+
+
+def test_parse_row_checks_roles() -> None:
+    assert parse_row({"id": "a", "prompt": "x = 1"}) == Prompt("a", "x = 1")
+    chat = parse_row({"id": "b", "messages": [{"role": "user", "content": "Hi"}]})
+    assert chat == ChatPrompt("b", ({"role": "user", "content": "Hi"},))
+    with pytest.raises(ValueError, match="role"):
+        parse_row({"id": "c", "messages": [{"role": "robot", "content": "Hi"}]})
+
+
+def test_prompt_token_ids_applies_the_chat_template(tokenizer) -> None:
+    chat_tokenizer = copy.deepcopy(tokenizer)
+    chat_tokenizer.chat_template = CHATML
+    chat = ChatPrompt("q", ({"role": "user", "content": "def add(a, b):"},))
+    text = "<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n"
+    expected = chat_tokenizer(text, add_special_tokens=False).input_ids
+    assert prompt_token_ids(chat_tokenizer, chat) == expected
+    assert prompt_token_ids(tokenizer, Prompt("p", "x = 1")) == tokenizer("x = 1").input_ids
+    with pytest.raises(ValueError, match="no chat template"):
+        prompt_token_ids(tokenizer, chat)

@@ -1,24 +1,21 @@
-"""The engines a benchmark runs side by side: verispec and Hugging Face transformers.
+"""What every benchmark engine shares (prompts in, per-request timings out), and verispec's
+engine; transformers' is in hf_engine, llama.cpp's in llamacpp_engine.
 
-Both take token-id prompts and return per-request timings (TTFT apart from inter-token gaps)
-and acceptance counters, so one report describes either. Method names come from the registry
+All engines take token-id prompts and return per-request timings (TTFT apart from inter-token gaps)
+and acceptance counters, so one report describes any. Method names come from the registry
 (PLAIN for plain decoding); transformers' assisted generation counts as a draft-model method
-and its prompt lookup as an n-gram one.
+and its prompt lookup as an n-gram one. A model is a checkpoint directory or a GGUF file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-import torch
-
-from verispec.drafters.registry import PLAIN, takes_draft_model
+from verispec.drafters.registry import PLAIN, method, takes_draft_model
 from verispec.metrics import SpecStats, StepTimes
 
 
@@ -68,9 +65,12 @@ class Sampling:
 class Engine(Protocol):
     """A loaded engine with one decoding method."""
 
-    engine: str  # "verispec" or "transformers"
+    engine: str  # "verispec", "transformers", ...
     method: str  # PLAIN or a registry name
     k: int  # draft tokens per step (0 for plain)
+    reference: ClassVar[str | None]  # engine whose plain greedy ids these must equal (None: none)
+    note: ClassVar[str]  # why, where reference is not verispec
+    drafts_with_models: ClassVar[bool]  # whether it runs the draft-model methods
 
     def run(self, prompts: list[list[int]], sampling: Sampling, concurrency: int) -> BatchRun: ...
 
@@ -89,6 +89,10 @@ class VerispecEngine:
     """verispec's LLM with one speculative configuration."""
 
     engine = "verispec"
+    reference: ClassVar[str | None] = "verispec"
+    note: ClassVar[str] = ""
+    drafts_with_models: ClassVar[bool] = True
+    quantization: ClassVar[str | None] = None  # of the target's linear weights
 
     def __init__(
         self, target: Path, draft: Path | None, spec: MethodSpec, dtype: str, device: str = "cpu"
@@ -97,13 +101,18 @@ class VerispecEngine:
 
         self.method, self.k = spec.method, spec.k
         speculative = None
-        if spec.method != PLAIN:
-            speculative = SpecConfig(
-                method=spec.method, num_speculative_tokens=spec.k,
-                model=str(draft) if takes_draft(spec.method) else None,
-                prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max,
-            )  # fmt: skip
-        self.llm = LLM(model=str(target), dtype=dtype, device=device, speculative=speculative)
+        if spec.method != PLAIN:  # each method is given only the options it reads
+            options: dict[str, Any] = {}
+            if takes_draft(spec.method):
+                options["model"] = str(draft)
+            if method(spec.method).takes_prompt_lookup:
+                options["prompt_lookup_min"] = spec.prompt_lookup_min
+                options["prompt_lookup_max"] = spec.prompt_lookup_max
+            speculative = SpecConfig(method=spec.method, num_speculative_tokens=spec.k, **options)
+        self.llm = LLM(
+            model=str(target), dtype=dtype, device=device, speculative=speculative,
+            quantization=self.quantization,
+        )  # fmt: skip
 
     def run(self, prompts: list[list[int]], sampling: Sampling, concurrency: int) -> BatchRun:
         from verispec import SamplingParams
@@ -129,121 +138,25 @@ class VerispecEngine:
         return BatchRun(runs, wall, dict(self.llm.engine.step_times.seconds))
 
 
-class TransformersEngine:
-    """transformers' generate: plain, assisted generation (assistant_model) or prompt lookup."""
+class VerispecFp16Engine(VerispecEngine):
+    """verispec with the target's linear weights rounded to float16 (the fp16 kernel runs
+    them); lossless with respect to those weights, so compared with its own plain decoding."""
 
-    engine = "transformers"
+    engine = "verispec-fp16"
+    reference: ClassVar[str | None] = "verispec-fp16"
+    note: ClassVar[str] = "weights rounded to float16: its ids may differ from verispec's"
+    quantization: ClassVar[str | None] = "fp16"
 
-    def __init__(
-        self, target: Path, draft: Path | None, spec: MethodSpec, dtype: str, device: str = "cpu"
-    ) -> None:
-        from transformers import AutoModelForCausalLM
 
-        self.method, self.k = spec.method, spec.k
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch_dtype).eval()
-        self.model.to(device)
-        self.options: dict[str, Any] = {}
-        if spec.method != PLAIN and takes_draft(spec.method):
-            if draft is None:
-                raise ValueError(f"method {spec.method} needs a draft checkpoint")
-            assistant = AutoModelForCausalLM.from_pretrained(str(draft), dtype=torch_dtype).eval()
-            assistant.to(device)
-            # a fixed k, as verispec uses (transformers' default schedule adapts it per step)
-            assistant.generation_config.num_assistant_tokens = spec.k
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            assistant.generation_config.assistant_confidence_threshold = 0.0
-            self.options["assistant_model"] = assistant
-        elif spec.method != PLAIN:
-            self.options["prompt_lookup_num_tokens"] = spec.k
-            self.options["max_matching_ngram_size"] = spec.prompt_lookup_max
-
-    def run(self, prompts: list[list[int]], sampling: Sampling, concurrency: int) -> BatchRun:
-        if concurrency != 1:
-            raise ValueError("transformers' speculative generate takes one prompt at a time")
-        runs: list[RequestRun] = []
-        started = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            runs.append(self._one(prompt, sampling, sampling.seed + i))
-        return BatchRun(runs, time.perf_counter() - started)
-
-    def _one(self, prompt: list[int], sampling: Sampling, seed: int) -> RequestRun:
-        ids = torch.tensor([prompt], device=self.model.device)
-        streamer = _TimingStreamer()
-        sample = sampling.temperature > 0
-        options = dict(temperature=sampling.temperature, top_p=sampling.top_p) if sample else {}
-        torch.manual_seed(seed)
-        with torch.inference_mode(), _count_acceptance() as stats:
-            started = time.perf_counter()
-            out = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=sample, top_k=None,
-                max_new_tokens=sampling.max_tokens, streamer=streamer,
-                pad_token_id=self.model.config.eos_token_id, **options, **self.options,
-            )  # fmt: skip
-        token_ids = out[0, len(prompt) :].tolist()
-        times = streamer.times[1:]  # generate() puts the prompt first
-        ttft = times[0][0] - started
-        gaps: list[float] = [0.0] * (times[0][1] - 1)  # tokens of one step share its time
-        for (before, _), (now, n) in itertools.pairwise(times):
-            gaps += [now - before] + [0.0] * (n - 1)
-        return RequestRun(token_ids, ttft, gaps[: max(0, len(token_ids) - 1)], stats)
+def gaps(times: list[tuple[float, int]]) -> list[float]:
+    """Inter-token gaps from (time, tokens emitted) events, the first event holding the first
+    token; tokens of one event share its time: [(1.0, 1), (1.5, 3)] -> [0.5, 0.0, 0.0]."""
+    out = [0.0] * (times[0][1] - 1)
+    for (before, _), (now, n) in itertools.pairwise(times):
+        out += [now - before] + [0.0] * (n - 1)
+    return out
 
 
 def takes_draft(method: str) -> bool:
     """Whether a registry method drafts with a draft model."""
     return takes_draft_model(method)
-
-
-class _TimingStreamer:
-    """Records time.perf_counter() at each put() (transformers' streamer protocol)."""
-
-    def __init__(self) -> None:
-        self.times: list[tuple[float, int]] = []  # (time, tokens put)
-
-    def put(self, value: torch.Tensor) -> None:
-        self.times.append((time.perf_counter(), value.numel()))
-
-    def end(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _count_acceptance() -> Iterator[SpecStats]:
-    """Count drafted and accepted tokens of transformers' speculative steps into a SpecStats:
-    each get_candidates() call proposes len(candidates) - len(input) tokens, and the following
-    update_candidate_strategy() call reports how many of them were accepted. The methods are
-    wrapped only inside this context."""
-    from transformers.generation import candidate_generator as cg
-
-    stats, drafted = SpecStats(), []
-    proposers = (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator)
-    updaters = (cg.CandidateGenerator, cg.AssistedCandidateGenerator)
-    saved = [(c, "get_candidates", c.__dict__["get_candidates"]) for c in proposers]
-    saved += [
-        (c, "update_candidate_strategy", c.__dict__["update_candidate_strategy"]) for c in updaters
-    ]
-
-    def counting_get(fn: Any) -> Any:
-        def get_candidates(self: Any, input_ids: torch.Tensor, **kw: Any) -> Any:
-            candidates, logits = fn(self, input_ids, **kw)
-            drafted.append(candidates.shape[1] - input_ids.shape[1])
-            return candidates, logits
-
-        return get_candidates
-
-    def counting_update(fn: Any) -> Any:
-        def update(self: Any, input_ids: torch.Tensor, scores: torch.Tensor, matches: int) -> Any:
-            if drafted:  # once per step, even where one update calls another
-                stats.record(drafted.pop(), int(matches))
-            return fn(self, input_ids, scores, matches)
-
-        return update
-
-    try:
-        for cls, name, fn in saved:
-            wrap = counting_get if name == "get_candidates" else counting_update
-            setattr(cls, name, wrap(fn))
-        yield stats
-    finally:
-        for cls, name, fn in saved:
-            setattr(cls, name, fn)

@@ -20,15 +20,20 @@ from verispec.bench.engines import (
     Engine,
     MethodSpec,
     Sampling,
-    TransformersEngine,
     VerispecEngine,
+    VerispecFp16Engine,
     takes_draft,
 )
-from verispec.bench.workloads import WORKLOADS
+from verispec.bench.hf_engine import TransformersEngine
+from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing
+from verispec.bench.workloads import WORKLOADS, BenchPrompt
 from verispec.drafters.registry import PLAIN, method_names
 from verispec.metrics import SpecStats
 
-ENGINES = {"verispec": VerispecEngine, "transformers": TransformersEngine}
+ENGINES: dict[str, Any] = {
+    e.engine: e for e in (VerispecEngine, VerispecFp16Engine, TransformersEngine, LlamaCppEngine)
+}
+OPTIONAL = {"llamacpp": llama_cpp_missing}  # engine -> why it cannot run here (None: it can)
 DRAFT_ALONE = "draft-alone"  # a plain run of the draft model, for the draft/target cost ratio
 
 
@@ -57,8 +62,9 @@ class BenchConfig:
             if name not in WORKLOADS:
                 raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}; got {name!r}")
         for name in self.methods:
-            if name not in method_names():
-                raise ValueError(f"method must be one of {', '.join(method_names())}; got {name!r}")
+            if name not in (PLAIN, *method_names()):
+                known = ", ".join((PLAIN, *method_names()))
+                raise ValueError(f"method must be one of {known}; got {name!r}")
         for name in self.engines:
             if name not in ENGINES:
                 raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {name!r}")
@@ -74,6 +80,9 @@ class BenchConfig:
             raise ValueError(f"concurrency values must be >= 1, got {self.concurrency}")
 
 
+ANYWHERE = ("free", "chat")  # workloads that run every method in the quick plan
+
+
 @dataclass(frozen=True)
 class Group:
     """Prompts run under one sampling setting; the configurations compared within it."""
@@ -86,15 +95,17 @@ class Group:
 
 def plan_groups(config: BenchConfig, home: dict[str, str]) -> list[Group]:
     """The groups to run. `home` maps a method to the workload it is made for; in the quick
-    plan each method runs only there (and `free` only with the draft model at temperature 1).
-    Temperature 0 is skipped for `free`, which is defined as sampled text."""
+    plan each method runs only there, and every method on `free` and `chat` (which no method
+    calls home). Temperature 0 is skipped for `free`, which is defined as sampled text. Plain
+    decoding always runs (listing PLAIN among the methods changes nothing)."""
     groups = []
     for workload in config.workloads:
         temps = [t for t in config.temperatures if workload != "free" or t > 0]
         for temperature in temps:
             methods = [
-                m for m in config.methods
-                if config.plan == "full" or home.get(m) == workload or workload == "free"
+                m for m in config.methods if m != PLAIN and (
+                    config.plan == "full" or home.get(m) == workload or workload in ANYWHERE
+                )
             ]  # fmt: skip
             specs = tuple(MethodSpec(m, k) for m in methods for k in config.ks)
             for c in config.concurrency:
@@ -245,16 +256,25 @@ def home_workloads() -> dict[str, str]:
 def load_engines(
     config: BenchConfig, progress: Callable[[str], None]
 ) -> dict[tuple[str, str, int], Engine]:
-    """Every engine the plan needs, keyed (engine, method, k); plain and draft-alone included."""
+    """Every engine the plan needs, keyed (engine, method, k); plain and draft-alone included.
+    An optional engine that cannot run here is skipped, and an engine that drafts without
+    models runs no draft-model method; both with a note through progress."""
     needed = {(m.method, m.k) for g in plan_groups(config, home_workloads()) for m in g.methods}
     engines: dict[tuple[str, str, int], Engine] = {}
     for name in config.engines:
         cls = ENGINES[name]
+        missing = OPTIONAL[name]() if name in OPTIONAL else None
+        if missing is not None:
+            progress(f"note: skipping engine {name}: {missing}")
+            continue
+        methods = sorted(mk for mk in needed if cls.drafts_with_models or not takes_draft(mk[0]))
+        if len(methods) < len(needed):
+            progress(f"note: engine {name} runs no draft-model method; it has no rows for them")
         progress(f"loading {name} engines ...")
         engines[(name, PLAIN, 0)] = cls(config.target, None, MethodSpec(), config.dtype)
-        if any(takes_draft(m) for m, _ in needed):
+        if any(takes_draft(m) for m, _ in methods):
             engines[(name, DRAFT_ALONE, 0)] = cls(config.draft, None, MethodSpec(), config.dtype)
-        for method, k in sorted(needed):
+        for method, k in methods:
             engines[(name, method, k)] = cls(
                 config.target, config.draft, MethodSpec(method, k), config.dtype
             )
@@ -263,18 +283,23 @@ def load_engines(
 
 def run_bench(
     config: BenchConfig,
-    tokenize: Callable[[str], list[int]],
+    tokenize: Callable[[BenchPrompt], list[int]],
     progress: Callable[[str], None] = lambda _: None,
     tick_total: Callable[[int], Callable[[], None]] = lambda _: lambda: None,
 ) -> list[dict[str, Any]]:
-    """Run every group of the plan; one row per (engine, method, k) per group."""
+    """Run every group of the plan; one row per (engine, method, k) per group. Prompts are
+    tokenized before any engine loads, so a prompt the model cannot take fails early."""
+    token_ids = {
+        name: [tokenize(p) for p in WORKLOADS[name].prompts(config.prompts)]
+        for name in config.workloads
+    }
     engines = load_engines(config, progress)
     groups = plan_groups(config, home_workloads())
     tick = tick_total(len(groups) * (config.repeats + 1))
     rows = []
     for group in groups:
         workload = WORKLOADS[group.workload]
-        prompts = [tokenize(p.text) for p in workload.prompts(config.prompts)]
+        prompts = token_ids[group.workload]
         greedy = group.temperature == 0
         sampling = Sampling(
             temperature=group.temperature, top_p=1.0 if greedy else config.top_p,
@@ -282,20 +307,33 @@ def run_bench(
         )  # fmt: skip
         usable = {
             key: e for key, e in engines.items()
-            if key[0] == "verispec" or group.concurrency == 1
+            if isinstance(e, VerispecEngine) or group.concurrency == 1
         }  # fmt: skip
         measured = run_group(group, usable, prompts, sampling, config.repeats, tick)
         by_key = {(m.engine, m.method, m.k): m for m in measured}
-        reference = by_key[("verispec", PLAIN, 0)] if ("verispec", PLAIN, 0) in by_key else None
         for m in measured:
             if m.method == DRAFT_ALONE:
                 continue
             alone = by_key.get((m.engine, DRAFT_ALONE, 0))
             cost = _cost_ratio(alone, by_key[(m.engine, PLAIN, 0)]) if alone else None
             row = summarise(m, group, sampling, config, cost)
+            reference = by_key.get((ENGINES[m.engine].reference, PLAIN, 0))
             row["greedy_mismatches"] = _mismatches(m, reference) if greedy and reference else None
             rows.append(row)
     return rows
+
+
+def comparison_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """What the =plain column compares, for each engine in rows that is not checked against
+    verispec's plain decoding (e.g. llamacpp: its greedy ids are reported, never compared)."""
+    notes = []
+    for name in dict.fromkeys(r["engine"] for r in rows):
+        cls = ENGINES[name]
+        if cls.reference is None:
+            notes.append(f"note: {name} greedy ids are not compared (=plain '-'): {cls.note}")
+        elif cls.reference != "verispec":
+            notes.append(f"note: {name} =plain compares with {cls.reference} none: {cls.note}")
+    return notes
 
 
 def _cost_ratio(alone: Measured, plain: Measured) -> float:

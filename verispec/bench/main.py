@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.harness import BenchConfig, run_bench
+from verispec.bench.harness import BenchConfig, comparison_notes, run_bench
+from verispec.bench.hf_engine import hf_location
 from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
 
@@ -22,7 +23,6 @@ VERIFY_REPEATS = {"quick": 3, "full": 10}
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the options ask for: the quick preset or the full defaults, then any
     explicit option on top; default models are the embedded pair."""
-    from verispec.models.default import embedded_model_path
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
@@ -39,12 +39,23 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         import torch
 
         options["threads"] = torch.get_num_threads()
-    target = Path(args.target) if args.target else embedded_model_path("target")
-    draft = Path(args.draft) if args.draft else embedded_model_path("draft")
-    for flag, path in (("--target", target), ("--draft", draft)):
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{flag} {path}: not a checkpoint directory (no config.json)")
+    target = bench_model(args.target, "target", "--target")
+    draft = bench_model(args.draft, "draft", "--draft")
     return BenchConfig(target=target, draft=draft, **options)
+
+
+def bench_model(name: str | None, role: str, flag: str) -> Path:
+    """A model to benchmark: a checkpoint directory, a .gguf file, or a named model (fetched
+    once into verispec's cache); None = the embedded model of that role (target or draft)."""
+    from verispec.models.default import embedded_model_path
+    from verispec.models.loader import resolve_model_path
+
+    if name is None:
+        return embedded_model_path(role)
+    try:
+        return resolve_model_path(name)
+    except ValueError as e:
+        raise ValueError(f"{flag} {name}: {e}") from None
 
 
 def settings(config: BenchConfig) -> dict[str, Any]:
@@ -65,6 +76,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "verispec": __version__,
+        "llama_cpp_python": _version("llama-cpp-python") if "llamacpp" in config.engines else None,
         "load_average_before": os.getloadavg()[0],
         "command": " ".join(["verispec", *sys.argv[1:]]) if sys.argv else "verispec bench",
     }
@@ -76,10 +88,14 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
+    from verispec.bench.workloads import prompt_token_ids
+    from verispec.models.default import embedded_model_path
+
     torch.set_num_threads(config.threads)
     info = settings(config)
     print(_settings_line(info), file=sys.stderr, flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(config.target))
+    where, gguf = hf_location(config.target)
+    tokenizer = AutoTokenizer.from_pretrained(where, **gguf)
     bars: list[Any] = []
 
     def tick_total(total: int) -> Any:
@@ -89,15 +105,16 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    rows = run_bench(config, lambda text: tokenizer(text).input_ids, log, tick_total)
+    rows = run_bench(config, lambda p: prompt_token_ids(tokenizer, p), log, tick_total)
     for bar in bars:
         bar.close()
     curve: list[dict[str, Any]] = []
     if not args.no_verify_cost:
         repeats = VERIFY_REPEATS[config.plan]
         log("verification-cost curve ...")
+        embedded = config.target == embedded_model_path("target")
         models: list[tuple[str, Any]] = [
-            ("embedded-target", config.target),
+            ("embedded-target" if embedded else config.target.stem, config.target),
             ("llama-125m-random", random_llama_125m()),
         ]
         if config.plan == "full":  # 4.4 GB of RAM, ~1 min; made in memory each time
@@ -111,11 +128,14 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     info["load_average_after"] = os.getloadavg()[0]
     print(_settings_line(info))
     print(table(rows))
+    notes = comparison_notes(rows)
+    for note in notes:
+        print(note)
     if curve:
         print("\nverification cost, t(q) / t(1), warm 256-token cache:")
         print(verify_table(curve))
     if args.json:
-        write_json(Path(args.json), info, rows, verify_cost=curve)
+        write_json(Path(args.json), info, rows, verify_cost=curve, notes=notes)
         log(f"wrote {args.json}")
     if args.plot:
         for path in write_plots(Path(args.plot), rows, curve):
@@ -123,9 +143,20 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _version(package: str) -> str | None:
+    """An installed distribution's version, None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def _settings_line(info: dict[str, Any]) -> str:
-    keys = ("target", "draft", "dtype", "threads", "plan", "prompts", "max_tokens", "repeats",
-            "top_p", "cpu", "torch", "transformers", "load_average_before")  # fmt: skip
+    keys = ("target", "draft", "engines", "workloads", "dtype", "threads", "plan", "prompts",
+            "max_tokens", "repeats", "top_p", "cpu", "torch", "transformers", "llama_cpp_python",
+            "load_average_before")  # fmt: skip
     return "settings: " + ", ".join(f"{k}={info.get(k)}" for k in keys)
 
 

@@ -1,5 +1,6 @@
-"""The benchmark's named workloads: prompt files shipped in verispec/bench/prompts/, built
-from the held-out standard-library modules by verispec.train.prompts."""
+"""The benchmark's named workloads: prompt files shipped in verispec/bench/prompts/. The code
+workloads are built from the held-out standard-library modules by verispec.train.prompts; the
+chat workload is a hand-written set of instructions for chat models."""
 
 from __future__ import annotations
 
@@ -7,9 +8,23 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import Prompt, build_prompts, spread
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """One chat prompt: the conversation so far, which the model continues as the assistant."""
+
+    id: str
+    messages: tuple[dict[str, str], ...]  # {"role": one of ROLES, "content": text}
+
+
+BenchPrompt = Prompt | ChatPrompt
 
 
 @dataclass(frozen=True)
@@ -20,29 +35,61 @@ class Workload:
     description: str
     max_tokens: int
     num_prompts: int  # prompts in the shipped file
+    chat: bool = False  # rows hold "messages" (written by hand), not "prompt" (built from code)
 
     @property
     def path(self) -> Path:
         return PROMPTS_DIR / f"{self.name}.jsonl"
 
-    def prompts(self, n: int | None = None) -> list[Prompt]:
+    def prompts(self, n: int | None = None) -> list[BenchPrompt]:
         """The shipped prompts (n of them, spread over the file; all when n is None)."""
         if not self.path.is_file():
             raise ValueError(f"workload file {self.path} is missing; reinstall verispec")
         with self.path.open(encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        prompts = [Prompt(r["id"], r["prompt"]) for r in rows]
+            prompts = [parse_row(json.loads(line)) for line in f if line.strip()]
         return prompts if n is None else spread(prompts, n)
 
 
+def parse_row(row: dict[str, Any]) -> BenchPrompt:
+    """A prompt file's row: {"id", "prompt": text} or {"id", "messages": [{"role", "content"}]}.
+    E.g. {"id": "a", "messages": [{"role": "user", "content": "Hi"}]} -> a ChatPrompt."""
+    if "messages" not in row:
+        return Prompt(row["id"], row["prompt"])
+    messages = tuple(row["messages"])
+    for m in messages:
+        if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(
+                f"prompt {row['id']!r}: each message needs a role ({', '.join(ROLES)}) and "
+                f"a text content; got {m!r}"
+            )
+    return ChatPrompt(row["id"], messages)
+
+
+def prompt_token_ids(tokenizer: Any, prompt: BenchPrompt) -> list[int]:
+    """A prompt's token ids: text as the tokenizer encodes it (with BOS when it adds one); a
+    chat rendered by the model's chat template, which writes its own special tokens."""
+    if isinstance(prompt, Prompt):
+        return tokenizer(prompt.text).input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the chat workload needs a chat model: this model's tokenizer has no chat template "
+            "(use the code, edit or free workloads for a base model)"
+        )
+    text = tokenizer.apply_chat_template(
+        list(prompt.messages), tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
-BUILT_WITH_PYTHON = "3.11.7"  # whose standard library the shipped prompt files come from
+BUILT_WITH_PYTHON = "3.11.7"  # whose standard library the built prompt files come from
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("code", "complete a function from its signature and docstring", 128, 32),
         Workload("edit", "repeat a function under a new name (mostly copied)", 192, 16),
         Workload("free", "open continuation of a module or definition", 128, 16),
+        Workload("chat", "answer an instruction (explain, write code, rewrite)", 96, 37, True),
     )
 }
 
@@ -53,19 +100,21 @@ def build_workload(
     num_prompts: int | None = None,
     fits: Callable[[str], bool] | None = None,
 ) -> list[Prompt]:
-    """A workload's prompts built from source files (the held-out modules)."""
+    """A code workload's prompts built from source files (the held-out modules)."""
+    if workload.chat:
+        raise ValueError(f"workload {workload.name} is written by hand, not built from code")
     return build_prompts(workload.name, files, num_prompts or workload.num_prompts, fits)
 
 
 def write_workload_files() -> None:
-    """Rebuild every shipped prompt file from the running interpreter's held-out modules."""
+    """Rebuild every built prompt file from the running interpreter's held-out modules."""
     PROMPTS_DIR.mkdir(exist_ok=True)
     files = corpus_files("heldout")
-    for workload in WORKLOADS.values():
+    for workload in (w for w in WORKLOADS.values() if not w.chat):
         with workload.path.open("w", encoding="utf-8") as f:
             for p in build_workload(workload, files):
                 f.write(json.dumps({"id": p.id, "prompt": p.text}) + "\n")
 
 
-if __name__ == "__main__":  # python -m verispec.bench.workloads: rebuild the prompt files
+if __name__ == "__main__":  # python -m verispec.bench.workloads: rebuild the built prompt files
     write_workload_files()
