@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from verispec.bench.harness import ENGINES
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
-from verispec.drafters.registry import method_names, takes_draft_model
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
 from verispec.models.hub import model_names, pull
 
 EXIT_BAD_INPUT = 2
@@ -67,11 +68,15 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     quick = "each method on its home workload, k=4, 3 prompts, 2 repeats"
     bench.add_argument("--quick", action="store_true", help=quick)
-    bench.add_argument("--target", default=None, help="target checkpoint (embedded target)")
-    bench.add_argument("--draft", default=None, help="draft checkpoint (embedded draft)")
-    bench.add_argument("--workloads", type=_csv(str), default=None, help="code,edit,free")
+    bench.add_argument("--target", "--model", dest="target", default=None,
+                       help="target: checkpoint directory, .gguf file or model name "
+                       "(embedded-code)")  # fmt: skip
+    bench.add_argument("--draft", default=None,
+                       help="draft checkpoint or model name (embedded-code-draft)")  # fmt: skip
+    bench.add_argument("--workloads", type=_csv(str), default=None,
+                       help="code,edit,free,chat (chat: for chat models)")  # fmt: skip
     bench.add_argument("--methods", type=_csv(str), default=None,
-                       help=f"speculative methods ({','.join(method_names())})")  # fmt: skip
+                       help=f"methods ({','.join((PLAIN, *method_names()))})")  # fmt: skip
     bench.add_argument("--k", type=_csv(int), default=None, help="k values (2,4,8)")
     bench.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
@@ -79,7 +84,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-tokens", type=int, default=None, help="(each workload's own)")
     bench.add_argument("--repeats", type=int, default=None, help="measured repeats (3)")
     bench.add_argument("--concurrency", type=_csv(int), default=None, help="(1)")
-    bench.add_argument("--engines", type=_csv(str), default=None, help="verispec,transformers")
+    bench.add_argument("--engines", type=_csv(str), default=None,
+                       help=f"({','.join(ENGINES)})")  # fmt: skip
     bench.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
     bench.add_argument("--no-verify-cost", action="store_true", help="skip the q curve")
     bench.add_argument("--json", default=None, metavar="PATH", help="write settings and rows")

@@ -12,7 +12,6 @@ from verispec.bench.harness import (
     BenchConfig,
     alpha_from_length,
     home_workloads,
-    percentile,
     plan_groups,
     predicted_speedup,
     tokens_per_step,
@@ -30,7 +29,6 @@ ROW_FIELDS = {
 
 
 def test_formulas_worked_examples() -> None:
-    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 90) == 5
     assert tokens_per_step(0.5, 2) == pytest.approx(1.75) and tokens_per_step(1.0, 4) == 5
     assert predicted_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
     assert predicted_speedup(None, 2, 0.1) is None

@@ -100,12 +100,12 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
     """A tiny random Llama written as a float32 GGUF file (with its tokenizer), as llama.cpp's
     converter would write it."""
     from conftest import make_checkpoint
-    from models.conftest import _write_gguf  # the write_gguf fixture's writer
+    from gguf_files import write_gguf_file
 
     hf = tmp_path_factory.mktemp("hf")
     model = make_checkpoint(hf, "llama", tokenizer, layer_scale=8.0, max_position_embeddings=2048)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    _write_gguf(path, model, tokenizer, "F32")
+    write_gguf_file(path, model, tokenizer, "F32")
     return path
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import CORPUS, make_checkpoint
+from gguf_files import CHATML, llama_cpp_permute
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -21,7 +22,6 @@ from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.tokenizer import Tokenizer
 
-from .conftest import CHATML, llama_cpp_permute
 from .harness import Runner, hf_logits, random_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")

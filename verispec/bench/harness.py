@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from verispec.bench.engines import (
     BatchRun,
     Engine,
@@ -189,9 +191,9 @@ def summarise(
         "tokens_per_s": med(run.tokens_per_s for run in m.runs),
         "tokens_per_s_runs": [run.tokens_per_s for run in m.runs],
         "ttft_s_median": med(ttfts),
-        "ttft_s_p90": percentile(ttfts, 90),
+        "ttft_s_p90": float(np.percentile(ttfts, 90)),
         "itl_s_median": med(itls) if itls else None,
-        "itl_s_p90": percentile(itls, 90) if itls else None,
+        "itl_s_p90": float(np.percentile(itls, 90)) if itls else None,
         "acceptance_rate": stats.acceptance_rate,
         "mean_acceptance_length": stats.mean_acceptance_length,
         "per_position_acceptance_rate": stats.per_position_acceptance_rate,
@@ -211,15 +213,6 @@ def _time_fractions(m: Measured) -> dict[str, float] | None:
     shares = {p: sum(run.phases[p] for run in m.runs) / wall for p in ("draft", "target", "verify")}
     shares["other"] = max(0.0, 1.0 - sum(shares.values()))
     return shares
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile: percentile([1, 2, 3, 4], 50) = 2.5."""
-    s = sorted(xs)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def tokens_per_step(a: float, k: int) -> float:
