@@ -15,6 +15,7 @@ from verispec.bench.harness import BenchConfig, comparison_notes, run_bench
 from verispec.bench.hf_engine import hf_location
 from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
+from verispec.drafters.registry import PLAIN, takes_draft_model
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
@@ -68,6 +69,8 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     fields = {
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
+    if not any(m != PLAIN and takes_draft_model(m) for m in config.methods):
+        fields["draft"] = None  # no row uses it: do not print a model that did not run
     return {
         **fields,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

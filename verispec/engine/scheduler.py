@@ -40,11 +40,12 @@ class Schedule:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
     """Requests whose KV was freed this step (their drafter state must go too)."""
+    sampling: list[ScheduledRequest] = field(init=False)
+    """The scheduled requests that receive tokens this step (rows of the verdict), fixed when
+    the plan is made: once tokens are appended a chunk no longer reaches the end."""
 
-    @property
-    def sampling(self) -> list[ScheduledRequest]:
-        """The scheduled requests that receive tokens this step (rows of the verdict)."""
-        return [s for s in self.scheduled if s.samples]
+    def __post_init__(self) -> None:
+        self.sampling = [s for s in self.scheduled if s.samples]
 
 
 class Scheduler:
