@@ -67,7 +67,8 @@ def test_one_answer_is_streamed_then_a_stats_line(chat_pair: tuple[Path, Path], 
     )[0]
     assert out == expected.text + "\n"
     stats = err.strip().splitlines()[-1]
-    pattern = r"\[\d+ tokens, [\d.]+ tokens/s, accepted \d+% of \d+ drafts, [\d.]+ tokens/step\]"
+    pattern = (r"\[\d+ tokens, [\d.]+ tokens/s, TTFT \d+ ms, accepted \d+% of \d+ drafts, "
+               r"[\d.]+ tokens/step\]")
     assert re.fullmatch(pattern, stats)
 
 
