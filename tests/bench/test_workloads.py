@@ -9,13 +9,13 @@ import pytest
 
 from verispec.bench.workloads import (
     BUILT_WITH_PYTHON,
-    ROLES,
     WORKLOADS,
     ChatPrompt,
     build_workload,
     parse_row,
     prompt_token_ids,
 )
+from verispec.chat import ROLES
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import MAX_PROMPT_CHARS, Prompt
 

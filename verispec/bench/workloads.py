@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verispec.chat import check_conversation
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import Prompt, build_prompts, spread
-
-ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
@@ -21,7 +20,7 @@ class ChatPrompt:
     """One chat prompt: the conversation so far, which the model continues as the assistant."""
 
     id: str
-    messages: tuple[dict[str, str], ...]  # {"role": one of ROLES, "content": text}
+    messages: tuple[dict[str, str], ...]  # {"role": one of chat.ROLES, "content": text}
 
 
 BenchPrompt = Prompt | ChatPrompt
@@ -55,13 +54,10 @@ def parse_row(row: dict[str, Any]) -> BenchPrompt:
     E.g. {"id": "a", "messages": [{"role": "user", "content": "Hi"}]} -> a ChatPrompt."""
     if "messages" not in row:
         return Prompt(row["id"], row["prompt"])
-    messages = tuple(row["messages"])
-    for m in messages:
-        if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ValueError(
-                f"prompt {row['id']!r}: each message needs a role ({', '.join(ROLES)}) and "
-                f"a text content; got {m!r}"
-            )
+    try:
+        messages = tuple(check_conversation(row["messages"]))
+    except ValueError as e:
+        raise ValueError(f"prompt {row['id']!r}: {e}") from None
     return ChatPrompt(row["id"], messages)
 
 
