@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from verispec.models.config import ModelConfig
+from verispec.models.hub import cache_dir
 from verispec.models.linear import choose_backend
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import build_model, load_model
@@ -80,14 +81,6 @@ def verify_cost_curve(
     ]
 
 
-def cache_dir() -> Path:
-    """Where made benchmark models live: $VERISPEC_CACHE, else ~/.cache/verispec."""
-    import os
-
-    root = os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec"
-    return Path(root) / "bench"
-
-
 def random_llama_125m(dtype: str = "float32") -> Path:
     """A random-weight Llama of the ~125M shape (hidden 768, 12 layers, 12 heads, MLP 3072,
     vocab 32000, untied head; 162M parameters), seed 0, with the embedded models' 8192-token
@@ -104,7 +97,7 @@ def random_llama_125m(dtype: str = "float32") -> Path:
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
     suffix = "" if dtype == "float32" else "-fp16"
-    path = cache_dir() / f"llama-125m-random{suffix}"
+    path = cache_dir() / "bench" / f"llama-125m-random{suffix}"  # verispec's cache
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
     print(f"creating {path} (random weights, once) ...", file=sys.stderr, flush=True)

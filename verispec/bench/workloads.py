@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verispec.chat import check_conversation
+from verispec.chat import chat_prompt, check_conversation
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import Prompt, build_prompts, spread
 
@@ -71,10 +71,7 @@ def prompt_token_ids(tokenizer: Any, prompt: BenchPrompt) -> list[int]:
             "the chat workload needs a chat model: this model's tokenizer has no chat template "
             "(use the code, edit or free workloads for a base model)"
         )
-    text = tokenizer.apply_chat_template(
-        list(prompt.messages), tokenize=False, add_generation_prompt=True
-    )
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return chat_prompt(tokenizer, prompt.messages, "the bench target")[1]
 
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"

@@ -12,8 +12,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     the slots used; torch.zeros would write every byte up front (seconds for gigabytes)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = torch.empty(0, dtype=dtype).element_size()
-    raw = torch.from_numpy(np.zeros((*shape[:-1], shape[-1] * size), dtype=np.uint8))
+    raw = torch.from_numpy(np.zeros((*shape[:-1], shape[-1] * dtype.itemsize), dtype=np.uint8))
     return raw.view(dtype)  # zero bytes are 0.0 in every float format
 
 

@@ -74,7 +74,7 @@ def _float32_tensors(
     reader: GGUFReader, names: list[str], config: ModelConfig, path: Path, progress: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, values) per tensor: dequantized, q/k rows back in Hugging Face order."""
-    permuted = _metadata(reader)["general.architecture"] in PERMUTED_ARCHITECTURES
+    permuted = reader.fields["general.architecture"].contents() in PERMUTED_ARCHITECTURES
     rotary_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     for name, tensor in tqdm(zip(names, reader.tensors, strict=True), total=len(names),
                              desc=f"dequantizing {path.name}", unit="tensor",
