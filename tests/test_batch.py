@@ -70,6 +70,23 @@ def test_tree_sequence_beside_a_causal_one(model) -> None:
     assert_close(other_batched, other_alone, atol=1e-5, rtol=0)
 
 
+def test_tree_mask_reaching_into_cached_keys(model) -> None:
+    """A tree grown over two forwards (as a drafter does): the second level's mask covers the
+    first level, now cached, so node 3 sees its parent 1 but not 1's sibling 2."""
+    prefix = ids(10, 8)
+    p = len(prefix)
+    root, level1, level2 = ids(1, 9), ids(2, 10), ids(1, 11)
+    runner = Runner(model, 64, BLOCK_SIZE)
+    seq = runner.sequence()
+    runner.forward([seq.chunk(prefix + root)])
+    runner.forward([seq.chunk(level1, 2, extra_mask=torch.eye(2, dtype=torch.bool),
+                              positions=[p + 1, p + 1])])  # fmt: skip
+    got = runner.forward([seq.chunk(level2, 1, extra_mask=torch.tensor([[True, False, True]]),
+                                    positions=[p + 2])])  # fmt: skip
+    alone = Runner(model, 64, BLOCK_SIZE).prefill(prefix + root + level1[:1] + level2)
+    assert_close(got, alone, atol=1e-5, rtol=0)
+
+
 def chunk(n: int, **options) -> SeqChunk:
     return SeqChunk(list(range(3, 3 + n)), 0, list(range(n)), [0, 1], **options)
 
@@ -81,7 +98,8 @@ def chunk(n: int, **options) -> SeqChunk:
         ([SeqChunk([], 0, [], [0])], "at least one new token"),
         ([SeqChunk([3, 4], 0, [0], [0])], "one KV slot"),
         ([SeqChunk([3, 4], 0, [0, 1, 2], [0]), SeqChunk([5, 6], 0, [4], [1])], "one KV slot"),
-        ([chunk(3, extra_mask=torch.ones(2, 2, dtype=torch.bool))], r"extra_mask must be \[3, 3\]"),
+        ([chunk(3, extra_mask=torch.ones(2, 2, dtype=torch.bool))], r"extra_mask must be \[3, w\]"),
+        ([chunk(3, extra_mask=torch.ones(3, 4, dtype=torch.bool))], r"3 <= w <= 3"),
         ([chunk(3, num_logits=4)], "num_logits"),
         ([chunk(3, num_logits=-1)], "num_logits"),
         ([chunk(3, positions=[0, 1])], "positions"),

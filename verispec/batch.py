@@ -23,7 +23,9 @@ class SeqChunk:
     num_logits: int = 1
     """Logits wanted for the last num_logits new tokens (0 for a non-final prefill chunk)."""
     extra_mask: torch.Tensor | None = None
-    """[q, q] bool among the new tokens, True = may attend (a draft tree); None = causal."""
+    """[q, w] bool, w >= q, True = may attend: which of the last w keys (the w - q cached just
+    before the new tokens, then the q new ones) each new token sees, for a draft tree;
+    None = causal. Keys before those w are always visible."""
     positions: list[int] | None = None
     """Rotary positions of the new tokens; None = start_position + 0, 1, 2, ..."""
 
@@ -130,14 +132,23 @@ def _check_chunk(c: SeqChunk, q: int) -> None:
 def _stack_masks(
     chunks: Sequence[SeqChunk], max_q: int, device: torch.device | str
 ) -> torch.Tensor | None:
-    """[S, max_q, max_q] extra masks (causal lower triangle where a sequence has none)."""
+    """[S, max_q, max_w] extra masks, right-aligned so that the last column is every sequence's
+    last key (causal among the new tokens where a sequence has none; True to the left)."""
     if all(c.extra_mask is None for c in chunks):
         return None
-    out = torch.tril(torch.ones(len(chunks), max_q, max_q, dtype=torch.bool))
-    for s, c in enumerate(chunks):
-        if c.extra_mask is not None:
-            q = len(c.token_ids)
-            if tuple(c.extra_mask.shape) != (q, q):
-                raise ValueError(f"extra_mask must be [{q}, {q}], got {tuple(c.extra_mask.shape)}")
-            out[s, :q, :q] = c.extra_mask.to(torch.bool).cpu()
+    widths = [max_q if c.extra_mask is None else c.extra_mask.shape[-1] for c in chunks]
+    max_w = max(widths)
+    out = torch.ones(len(chunks), max_q, max_w, dtype=torch.bool)
+    for s, (c, w) in enumerate(zip(chunks, widths, strict=True)):
+        q = len(c.token_ids)
+        if c.extra_mask is None:
+            out[s, :q, max_w - q :] = torch.tril(torch.ones(q, q, dtype=torch.bool))
+            continue
+        shape_ok = c.extra_mask.dim() == 2 and c.extra_mask.shape[0] == q
+        if not shape_ok or not q <= w <= c.start_position + q:
+            raise ValueError(
+                f"extra_mask must be [{q}, w] with {q} <= w <= {c.start_position + q} (the new "
+                f"tokens and up to all cached keys), got {tuple(c.extra_mask.shape)}"
+            )
+        out[s, :q, max_w - w :] = c.extra_mask.to(torch.bool).cpu()
     return out.to(device)

@@ -10,7 +10,7 @@ from typing import Any
 
 from verispec.bench.harness import ENGINES
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
-from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
+from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.models.hub import model_names, pull
 
 EXIT_BAD_INPUT = 2
@@ -76,8 +76,16 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--workloads", type=_csv(str), default=None,
                        help="code,edit,free,chat (chat: for chat models)")  # fmt: skip
     bench.add_argument("--methods", type=_csv(str), default=None,
-                       help=f"methods ({','.join((PLAIN, *method_names()))})")  # fmt: skip
+                       help=f"methods ({','.join((PLAIN, *method_names()))}; default: those "
+                       "that need no head, and eagle/medusa given --eagle/--medusa)")  # fmt: skip
     bench.add_argument("--k", type=_csv(int), default=None, help="k values (2,4,8)")
+    bench.add_argument("--eagle", default=None, metavar="PATH",
+                       help="EAGLE head directory (runs method eagle)")  # fmt: skip
+    bench.add_argument("--medusa", default=None, metavar="PATH",
+                       help="Medusa heads directory (runs method medusa)")  # fmt: skip
+    bench.add_argument("--trees", type=_csv(str), default=None, metavar="SHAPES",
+                       help="eagle/medusa draft trees KxD:N besides each k's chain: topk K, "
+                       "depth D, at most N nodes (e.g. 4x6:16,2x4:8)")  # fmt: skip
     bench.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
     bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (6)")
@@ -96,20 +104,31 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     from verispec.train.recipe import STAGES
 
     train = sub.add_parser(
-        "train", help="train the embedded tokenizer, target and draft from scratch",
-        description="Reproduce verispec's embedded models on the Python standard library: "
-        "tokenizer, target, draft (distilled from the target), export (Hugging Face format).",
+        "train", help="train the embedded models, or an EAGLE head for any target",
+        description="STAGE of the embedded pair's recipe (tokenizer, target, draft distilled "
+        "from the target, export, eval; 'all' in order), or 'eagle' / 'medusa': a drafter head "
+        "for --target trained on the target's own responses (data, train, export; resumable).",
     )  # fmt: skip
-    train.add_argument("stage", choices=(*STAGES, "all"), help="stage to run ('all': in order)")
+    train.add_argument("stage", choices=(*STAGES, "all", *HEAD_KINDS),
+                       help="stage to run ('all': in order; eagle, medusa: a head)")  # fmt: skip
     train.add_argument("--out", required=True, help="run directory (checkpoints, exports)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out (keep finished stages)")  # fmt: skip
     train.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
+    head = train.add_argument_group("eagle and medusa options")
+    head.add_argument("--target", help="the model the head drafts for (name, directory, .gguf)")
+    head.add_argument("--prompts", choices=("chat", "code"), default=None,
+                      help="prompt set (default: chat for a model with a chat template)")
+    head.add_argument("--num-prompts", type=int, default=None, help="training prompts")
+    head.add_argument("--max-tokens", type=int, default=None, help="tokens per response")
+    head.add_argument("--steps", type=int, default=None, help="training steps")
+    head.add_argument("--draft-vocab", type=int, default=None,
+                      help="draft vocabulary size (the target's most frequent output tokens)")
 
 
 def method_takes_draft(method: str) -> bool:
-    """Whether `method` needs a draft checkpoint (asked of the registry)."""
-    return takes_draft_model(method)
+    """Whether `method` needs a draft checkpoint or head (asked of the registry)."""
+    return takes_model(method)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,17 +151,58 @@ def _train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from verispec.train.recipe import STAGES, Recipe, run_stage
-
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.stage in HEAD_KINDS:
+        return _train_head(args)
+    from verispec.train.recipe import STAGES, Recipe, run_stage
+
+    given = [f"--{n.replace('_', '-')}" for n in HEAD_OPTIONS if getattr(args, n) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} apply to 'verispec train eagle|medusa' only")
     stages = STAGES if args.stage == "all" else (args.stage,)
     for stage in stages:
         # 'all' keeps stages that are already done, so it can be rerun after an interruption
         run_stage(stage, Path(args.out), Recipe(), resume=args.resume or args.stage == "all")
     return 0
+
+
+HEAD_KINDS = ("eagle", "medusa")
+HEAD_OPTIONS = ("target", "prompts", "num_prompts", "max_tokens", "steps", "draft_vocab")
+
+
+def _train_head(args: argparse.Namespace) -> int:
+    """verispec train eagle|medusa: every stage of the head recipe, resumable."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from verispec.train.head_recipe import HEAD_STAGES, recipe_for
+
+    if not args.target:
+        raise ValueError(f"verispec train {args.stage} needs --target (the model the head "
+                         "drafts for)")  # fmt: skip
+    recipe = recipe_for(args.target, args.stage, args.prompts)
+    if args.num_prompts is not None:
+        recipe.num_prompts = _at_least_one("--num-prompts", args.num_prompts)
+    if args.max_tokens is not None:
+        recipe.max_tokens = _at_least_one("--max-tokens", args.max_tokens)
+    if args.draft_vocab is not None:
+        recipe.draft_vocab_size = _at_least_one("--draft-vocab", args.draft_vocab)
+    if args.steps is not None:
+        recipe.train = replace(recipe.train, steps=_at_least_one("--steps", args.steps))
+    from verispec.train.head_recipe import run_head_stage
+
+    for i, stage in enumerate(HEAD_STAGES):  # later stages continue what the first began
+        run_head_stage(stage, Path(args.out), recipe, resume=args.resume or i > 0)
+    return 0
+
+
+def _at_least_one(flag: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{flag} must be >= 1, got {value}")
+    return value
 
 
 def _bench(args: argparse.Namespace) -> int:

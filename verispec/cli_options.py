@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from verispec.chat import check_text
 from verispec.config import SpecConfig, default_speculative
-from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
+from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.metrics import SpecStats
 from verispec.models.quantization import QUANTIZATIONS
 from verispec.sampling_params import SamplingParams
@@ -40,7 +40,9 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
     spec = cmd.add_argument_group(
         "speculative decoding (default: a named model's own drafter, else off)"
     )
-    spec.add_argument("--draft", default=None, help="draft checkpoint directory or hub id")
+    spec.add_argument("--draft", default=None,
+                      help="draft checkpoint directory or hub id; for eagle and medusa, the "
+                      "head directory")  # fmt: skip
     spec.add_argument("--method", choices=(PLAIN, *method_names()), default=None,
                       help=f"where drafts come from (--draft alone: its draft model; "
                       f"{PLAIN}: plain decoding)")  # fmt: skip
@@ -49,6 +51,10 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
                       help="shortest n-gram prompt lookup matches (2)")  # fmt: skip
     spec.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
                       help="longest n-gram prompt lookup matches (4)")  # fmt: skip
+    spec.add_argument("--tree-topk", type=int, default=None, metavar="K",
+                      help="eagle, medusa: children per tree node (a tree of --k nodes)")
+    spec.add_argument("--tree-depth", type=int, default=None, metavar="D",
+                      help="eagle, medusa: tree levels (6)")  # fmt: skip
     spec.add_argument(
         "--draft-quantization",
         choices=QUANTIZATIONS,
@@ -65,6 +71,8 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--prompt-lookup-min", "prompt_lookup_min"),
     ("--prompt-lookup-max", "prompt_lookup_max"),
     ("--draft-quantization", "quantization"),
+    ("--tree-topk", "tree_topk"),
+    ("--tree-depth", "tree_depth"),
 )
 
 
@@ -93,12 +101,13 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     options: dict[str, Any] = dict(given.values())
     if args.method is not None:
         options["method"] = args.method
-        takes_draft = takes_draft_model(args.method)
-        own_draft = default.model if default is not None else None
-        if takes_draft and args.draft is None and own_draft is not None:
-            options["model"] = own_draft
+        takes_draft = takes_model(args.method)
+        own = default if default is not None and default.method == args.method else None
+        if takes_draft and args.draft is None and own is not None and own.model:
+            options["model"] = own.model
         elif takes_draft and args.draft is None:
-            raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub id)")
+            raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub "
+                             "id; for a head method, its directory)")  # fmt: skip
         if not takes_draft and args.draft is not None:
             raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
     if args.draft is not None:

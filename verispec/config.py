@@ -11,6 +11,7 @@ from verispec.models.linear import LinearBackend
 from verispec.models.quantization import check_quantization
 
 MAX_SPECULATIVE_TOKENS = 16
+MAX_TREE_NODES = 64
 
 
 @dataclass(slots=True)
@@ -95,7 +96,8 @@ class SpecConfig:
     model: str | None = None
     """Draft checkpoint directory or hub id (draft_model only)."""
     num_speculative_tokens: int = 4
-    """k: draft tokens proposed per step (shrinks near the context and max_tokens limits)."""
+    """k: draft tokens proposed per step (shrinks near the context and max_tokens limits);
+    for a tree, its node budget."""
     prompt_lookup_min: int | None = None
     """Shortest suffix n-gram prompt lookup tries (methods that look up the prompt; default 2)."""
     prompt_lookup_max: int | None = None
@@ -103,19 +105,27 @@ class SpecConfig:
     quantization: str | None = None
     """Round the draft's linear weights at load: None, fp16 or int8. Never affects the
     output, only how often drafts are accepted (and how fast the draft runs)."""
+    tree_topk: int | None = None
+    """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
+    num_speculative_tokens tokens."""
+    tree_depth: int | None = None
+    """Methods that draft trees: levels of the tree (default 6 when tree_topk >= 2)."""
 
     def __post_init__(self) -> None:
         traits = method(self.method)  # ValueError listing the methods for an unknown name
         check_quantization(self.quantization, "speculative quantization")
+        self._check_tree(traits.takes_tree)
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        limit = MAX_TREE_NODES if (self.tree_topk or 1) > 1 else MAX_SPECULATIVE_TOKENS
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
             raise ValueError(
-                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
-                f"got {k!r}"
+                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
+                f"(a tree's node budget: [1, {MAX_TREE_NODES}]), got {k!r}"
             )
-        if traits.takes_draft_model and not self.model:
-            raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub id)")
-        self._refuse_unused(traits.takes_draft_model, traits.takes_prompt_lookup)
+        if traits.takes_model and not self.model:
+            raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub "
+                             "id; for a head method, the head's directory)")  # fmt: skip
+        self._refuse_unused(traits.takes_model, traits.takes_prompt_lookup)
         if traits.takes_prompt_lookup:
             lo = 2 if self.prompt_lookup_min is None else self.prompt_lookup_min
             hi = 4 if self.prompt_lookup_max is None else self.prompt_lookup_max
@@ -126,10 +136,27 @@ class SpecConfig:
                 )
             self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
 
-    def _refuse_unused(self, takes_draft_model: bool, takes_prompt_lookup: bool) -> None:
+    def _check_tree(self, takes_tree: bool) -> None:
+        """Tree options: integers >= 1, only for methods that draft trees."""
+        given = [f for f in ("tree_topk", "tree_depth") if getattr(self, f) is not None]
+        if given and not takes_tree:
+            raise ValueError(
+                f"method {self.method!r} drafts chains only and does not use {', '.join(given)}"
+            )
+        for name in given:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if (self.tree_topk or 1) > 1 and self.tree_depth is None:
+            self.tree_depth = 6
+        if self.tree_depth is not None and (self.tree_topk or 1) == 1:
+            raise ValueError("tree_depth needs tree_topk >= 2 (a chain's depth is "
+                             "num_speculative_tokens)")
+
+    def _refuse_unused(self, takes_model: bool, takes_prompt_lookup: bool) -> None:
         """Options the method would ignore are errors, never silently dropped."""
         unused = []
-        if not takes_draft_model:
+        if not takes_model:
             unused += [f for f in ("model", "quantization") if getattr(self, f) is not None]
         if not takes_prompt_lookup:
             unused += [

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from conftest import SPEC_PAIRS
 
-from verispec.bench.engines import MethodSpec, Sampling, VerispecEngine, gaps
+from verispec.bench.engines import MethodSpec, Sampling, VerispecEngine, gaps, takes_draft
+from verispec.bench.harness import chain_methods
 from verispec.bench.hf_engine import TransformersEngine, hf_location
-from verispec.cli import method_takes_draft
-from verispec.drafters.registry import PLAIN, method_names
+from verispec.drafters.registry import PLAIN
 
 ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
-DRAFT_METHOD = next(m for m in method_names() if method_takes_draft(m))
-LOOKUP_METHOD = next(m for m in method_names() if not method_takes_draft(m))
+DRAFT_METHOD = next(m for m in chain_methods() if takes_draft(m))
+LOOKUP_METHOD = next(m for m in chain_methods() if not takes_draft(m))
 METHODS = [MethodSpec(), MethodSpec(DRAFT_METHOD, 3), MethodSpec(LOOKUP_METHOD, 3)]
 # a prompt that repeats itself, so prompt lookup finds matches
 PROMPTS = [[0, *range(10, 30), *range(10, 20)], [0, 5, 6, 7, 8, 5, 6, 7]]

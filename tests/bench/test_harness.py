@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 from conftest import make_checkpoint, make_perturbed_copy
 
-from verispec.bench.harness import (
-    BenchConfig,
+from verispec.bench.engines import takes_draft
+from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
+from verispec.bench.verify_cost import (
     alpha_from_length,
-    home_workloads,
-    plan_groups,
     predicted_speedup,
     tokens_per_step,
+    verify_cost_curve,
 )
-from verispec.bench.verify_cost import verify_cost_curve
-from verispec.cli import main, method_takes_draft
-from verispec.drafters.registry import PLAIN, method_names
+from verispec.cli import main
+from verispec.drafters.registry import PLAIN
 
 ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",
@@ -41,14 +40,14 @@ def test_plans() -> None:
     assert [(g.workload, g.temperature) for g in full] == [
         ("code", 0.0), ("code", 1.0), ("edit", 0.0), ("edit", 1.0), ("free", 1.0)
     ]  # fmt: skip
-    assert all(len(g.methods) == 2 * len(method_names()) for g in full)
+    assert all(len(g.methods) == 2 * len(chain_methods()) for g in full)  # no head given
     quick = plan_groups(BenchConfig(Path("t"), Path("d"), ks=(4,), plan="quick"), home_workloads())
     for g in quick:
         methods = {m.method for m in g.methods}
         if g.workload == "code":
-            assert methods == {m for m in method_names() if method_takes_draft(m)}
+            assert methods == {m for m in chain_methods() if takes_draft(m)}
         if g.workload == "edit":
-            assert methods == {m for m in method_names() if not method_takes_draft(m)}
+            assert methods == {m for m in chain_methods() if not takes_draft(m)}
 
 
 @pytest.mark.parametrize(
@@ -90,7 +89,7 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
     assert result["settings"]["plan"] == "quick" and result["verify_cost"] == []
     rows = result["rows"]
     assert {(r["engine"], r["method"]) for r in rows} == {
-        (e, m) for e in ("verispec", "transformers") for m in (PLAIN, *method_names())
+        (e, m) for e in ("verispec", "transformers") for m in (PLAIN, *chain_methods())
     }
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     for r in rows:
@@ -100,7 +99,7 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
             shares = r["time_fractions"]
             assert set(shares) == {"draft", "target", "verify", "other"}
             assert sum(shares.values()) == pytest.approx(1.0) and shares["target"] > 0
-            if r["method"] != PLAIN and method_takes_draft(r["method"]):
+            if r["method"] != PLAIN and takes_draft(r["method"]):
                 assert shares["draft"] > 0.01  # a draft model's forwards
             else:
                 assert shares["draft"] < 0.5 * shares["target"]  # no model runs there

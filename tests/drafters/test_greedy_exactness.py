@@ -190,9 +190,9 @@ def test_context_limit(spec_pair, k: int, method: str, plain: Plain, monkeypatch
     ends = []  # one past the last position each scheduled request computes
     execute = ModelRunner.execute
 
-    def spy(self: ModelRunner, scheduled: list) -> torch.Tensor:
+    def spy(self: ModelRunner, scheduled: list, *rest: Any) -> tuple:
         ends.extend(s.start + len(s.token_ids) + len(s.draft_token_ids) for s in scheduled)
-        return execute(self, scheduled)
+        return execute(self, scheduled, *rest)
 
     monkeypatch.setattr(ModelRunner, "execute", spy)
     out, llm = speculative(target, draft, method, k, prompts, params, max_model_len=48)

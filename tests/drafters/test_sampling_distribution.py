@@ -44,8 +44,21 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.models.eagle import EagleConfig, save_eagle_head
+from verispec.models.loader import load_model
+from verispec.models.paged import PagedModel
 from verispec.sample import rejection
+from verispec.sample import tree as tree_module
 from verispec.sample.logits import SamplingTensors, warp
+from verispec.train.distill import (
+    extract_features,
+    generate_responses,
+    load_features,
+    read_responses,
+)
+from verispec.train.eagle import TrainableEagle
+from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
+from verispec.train.trainer import TrainConfig, train
 
 VOCAB = 12
 TOKENS = 3  # the first TOKENS generated tokens form one cell
@@ -299,3 +312,84 @@ def test_int8_draft_sampling_matches_the_unquantized_target(
     run = measure(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 4), spec)
     assert run.fit.ok(ALPHA), run.fit
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
+
+
+@pytest.fixture(scope="module")
+def eagle_head(
+    checkpoints: tuple[Path, Path, PreTrainedModel], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """An EAGLE head for the target over a 10-token draft vocabulary (every id but <s> and
+    <pad>, so d2t maps ids), trained for 60 steps on the target's sampled continuations of 64
+    random prompts: acceptance is partial (about 0.3-0.5 for chains)."""
+    root = tmp_path_factory.mktemp("small-vocab-eagle")
+    g = torch.Generator().manual_seed(0)
+    prompts = [[0, *torch.randint(3, VOCAB, (int(n),), generator=g).tolist()]
+               for n in torch.randint(2, 6, (64,), generator=g)]  # fmt: skip
+    llm = LLM(model=str(checkpoints[0]), speculative=None, max_num_seqs=64, max_model_len=32)
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=0)
+    examples = read_responses(generate_responses(llm, prompts, root / "responses", params,
+                                                 progress=False))  # fmt: skip
+    model = load_model(checkpoints[0], torch.float32, torch.device("cpu"), "torch")
+    records = list(load_features(extract_features(PagedModel(model, 128, 4), examples, (0, 1), 4,
+                                                  root / "features", progress=False)))  # fmt: skip
+    draft_ids = torch.tensor([1, *range(3, VOCAB)])
+    config = EagleConfig.for_target(model.config, len(draft_ids), (0, 1))
+    torch.manual_seed(0)
+    head = TrainableEagle(config, model.embed, draft_ids,
+                          checkpoints[2].lm_head.weight.detach()[draft_ids])  # fmt: skip
+    steps = TrainConfig(steps=60, batch_size=8, seq_len=20, lr=1e-2, warmup_steps=5,
+                        weight_decay=0.0, bf16=False, checkpoint_every=1000)  # fmt: skip
+    objective = head_objective(HeadRecipe(target="", depths=2, train=steps), slice(0, 64))
+    train(head, batch_maker(records, steps), steps, root / "run", objective, progress=False)
+    save_eagle_head(config, head.state_for_export(), root / "head", torch.float32)
+    return root / "head"
+
+
+def eagle_spec(head: Path, tree: bool) -> SpecConfig:
+    """A chain of up to 3 drafts, or EAGLE-2 trees of up to 3 nodes (2 children per node)."""
+    if tree:
+        return SpecConfig(method="eagle", model=str(head), num_speculative_tokens=3,
+                          tree_topk=2, tree_depth=2)  # fmt: skip
+    return SpecConfig(method="eagle", model=str(head), num_speculative_tokens=3)
+
+
+# (temperature, top_p, top_k); max_tokens 5: k = 3 (a tree's budget) at the drafting step.
+EAGLE_CASES = [
+    pytest.param(0.7, 0.9, -1, id="t0.7-top_p0.9"),
+    pytest.param(1.0, 0.9, 5, id="t1.0-top_p0.9-top_k5"),
+    pytest.param(1.0, 1.0, 5, id="t1.0-top_k5", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), EAGLE_CASES)
+def test_eagle_sampling_matches_the_target(
+    checkpoints: tuple[Path, Path, PreTrainedModel],
+    eagle_head: Path,
+    tree: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+) -> None:
+    """Chains (q from the head, rejection sampling) and trees (point-mass nodes, recursive
+    rejection over siblings) both emit the target's exact distribution."""
+    params = params_of(temperature, top_p, top_k, 5)
+    run = measure(checkpoints, DRAFT_PROMPT, params, eagle_spec(eagle_head, tree))
+    assert run.fit.ok(ALPHA), run.fit
+    # Every request drafts at its second step (3 chain drafts or tree nodes), and more after
+    # rejections; measured acceptance (accepted / drafted): chains ~0.8, trees ~0.45.
+    assert run.draft_tokens >= N * 3
+    assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.9
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_broken_tree_verifier_fails_the_same_check(
+    checkpoints: tuple[Path, Path, PreTrainedModel], eagle_head: Path, monkeypatch
+) -> None:
+    """Power: a tree verifier that keeps p after rejecting a sibling (no residual) is caught."""
+    monkeypatch.setattr(tree_module, "_reject_sibling", lambda p, token: p)
+    run = measure(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 5),
+                  eagle_spec(eagle_head, tree=True))  # fmt: skip
+    assert not run.fit.ok(ALPHA)
+    assert run.fit.p_value < 1e-9, run.fit

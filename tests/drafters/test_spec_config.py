@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import verispec
-from verispec.config import MAX_SPECULATIVE_TOKENS
-from verispec.drafters.registry import method_names, takes_draft_model
+from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES
+from verispec.drafters.registry import method_names, takes_model
 
 
 def test_public_import_and_defaults() -> None:
@@ -22,7 +22,7 @@ def test_public_import_and_defaults() -> None:
 
 def test_every_registered_method_is_accepted() -> None:
     for name in method_names():
-        model = "/some/draft" if takes_draft_model(name) else None
+        model = "/some/draft" if takes_model(name) else None
         assert verispec.SpecConfig(method=name, model=model).method == name
 
 
@@ -86,3 +86,62 @@ def test_options_a_method_would_ignore_are_refused() -> None:
 def test_one_lookup_bound_given_keeps_the_other_default() -> None:
     spec = verispec.SpecConfig(method="ngram", prompt_lookup_max=6)
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (2, 6)
+
+
+def test_eagle_trees_and_their_defaults() -> None:
+    chain = verispec.SpecConfig(method="eagle", model="/head")
+    assert (chain.tree_topk, chain.tree_depth, chain.num_speculative_tokens) == (None, None, 4)
+    tree = verispec.SpecConfig(method="eagle", model="/head", tree_topk=4)
+    assert tree.tree_depth == 6  # EAGLE-2's default depth
+    explicit = verispec.SpecConfig(method="eagle", model="/head", tree_topk=2, tree_depth=3)
+    assert (explicit.tree_topk, explicit.tree_depth) == (2, 3)
+    assert verispec.SpecConfig(method="eagle", model="/head", tree_topk=1).tree_depth is None
+    with pytest.raises(ValueError, match="'eagle' needs model="):
+        verispec.SpecConfig(method="eagle")
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("option", ["tree_topk", "tree_depth"])
+def test_tree_options_are_refused_for_chain_only_methods(method: str, option: str) -> None:
+    model = "/draft" if method == "draft_model" else None
+    with pytest.raises(
+        ValueError, match=f"'{method}' drafts chains only and does not use {option}"
+    ):
+        verispec.SpecConfig(method=method, model=model, **{option: 2})
+
+
+@pytest.mark.parametrize("topk", [None, 1])
+def test_tree_depth_needs_a_tree(topk: int | None) -> None:
+    with pytest.raises(ValueError, match="tree_depth needs tree_topk >= 2"):
+        verispec.SpecConfig(method="eagle", model="/head", tree_topk=topk, tree_depth=3)
+
+
+@pytest.mark.parametrize("k", [17, 32, MAX_TREE_NODES])
+def test_a_tree_budget_may_exceed_the_chain_limit(k: int) -> None:
+    tree = verispec.SpecConfig(method="eagle", model="/head", num_speculative_tokens=k,
+                               tree_topk=3)  # fmt: skip
+    assert tree.num_speculative_tokens == k
+    with pytest.raises(ValueError, match=r"must be an integer in \[1, 16\] \(a tree's node budget: "
+                                         r"\[1, 64\]\), got " + str(k)):  # fmt: skip
+        verispec.SpecConfig(method="eagle", model="/head", num_speculative_tokens=k)
+
+
+@pytest.mark.parametrize("k", [0, MAX_TREE_NODES + 1, 8.0, True])
+def test_bad_tree_budget(k: object) -> None:
+    with pytest.raises(ValueError, match=r"\[1, 64\]\), got " + repr(k).replace(".", r"\.")):
+        verispec.SpecConfig(method="eagle", model="/head", num_speculative_tokens=k, tree_topk=2)
+
+
+BAD_TREE_OPTIONS = [
+    *(pytest.param(o, v, id=f"{o}-{v!r}") for o in ("tree_topk", "tree_depth")
+      for v in (0, -2, 2.0, True)),
+    pytest.param("tree_depth", "3", id="tree_depth-'3'"),
+    pytest.param("tree_topk", "3", id="tree_topk-'3'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("option", "value"), BAD_TREE_OPTIONS)
+def test_tree_options_must_be_integers_of_at_least_one(option: str, value: object) -> None:
+    extra = {"tree_topk": 2} if option == "tree_depth" else {}
+    with pytest.raises(ValueError, match=f"{option} must be an integer >= 1, got {value!r}"):
+        verispec.SpecConfig(method="eagle", model="/head", **{option: value, **extra})

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from verispec.drafters.registry import PLAIN, method, takes_draft_model
+from verispec.config import MAX_TREE_NODES, SpecConfig
+from verispec.drafters.registry import PLAIN, head_method_names, method, takes_draft_model
+from verispec.drafters.registry import takes_head as registry_takes_head
 from verispec.metrics import SpecStats, StepTimes
+
+HEAD_METHODS = head_method_names()
+"""Registry methods that draft with a head over the target's features: SpecConfig.model is a
+head directory (the bench's --eagle / --medusa), and they may draft trees."""
 
 
 @dataclass
@@ -75,44 +81,85 @@ class Engine(Protocol):
     def run(self, prompts: list[list[int]], sampling: Sampling, concurrency: int) -> BatchRun: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TreeShape:
+    """A draft tree: topk children per node, depth levels, at most budget nodes."""
+
+    topk: int
+    depth: int
+    budget: int
+
+    @property
+    def label(self) -> str:
+        """As the bench writes it: '4x6:16'."""
+        return f"{self.topk}x{self.depth}:{self.budget}"
+
+
+def parse_tree_shape(text: str) -> TreeShape:
+    """'KxD:N' -> TreeShape(K, D, N), checked: '4x6:16' -> TreeShape(4, 6, 16); ValueError
+    for anything else (K >= 2: topk 1 is a chain, given by --k)."""
+    head, _, budget = text.strip().partition(":")
+    topk, _, depth = head.partition("x")
+    try:
+        shape = TreeShape(int(topk), int(depth), int(budget))
+    except ValueError:
+        raise ValueError(f"tree shape must be KxD:N (topk K, depth D, node budget N), e.g. "
+                         f"4x6:16; got {text!r}") from None  # fmt: skip
+    if shape.topk < 2 or shape.depth < 1 or not 1 <= shape.budget <= MAX_TREE_NODES:
+        raise ValueError(f"tree shape {text!r}: needs topk K >= 2 (K = 1 is a chain: use --k), "
+                         f"depth D >= 1 and budget N in [1, {MAX_TREE_NODES}]")  # fmt: skip
+    return shape
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """A decoding method to benchmark: PLAIN, or a registry method with k and its options."""
+    """A decoding method to benchmark: PLAIN, or a registry method with k and its options;
+    with a tree, k is its node budget."""
 
     method: str = PLAIN
     k: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    tree: TreeShape | None = None  # head methods only; None = a chain of k
+
+    @property
+    def label(self) -> str:
+        """k as the table shows it: '4' for a chain, '4x6:16' for a tree."""
+        return self.tree.label if self.tree else str(self.k)
+
+    def fitted(self, depth: int | None) -> MethodSpec:
+        """The shape a drafter that drafts at most `depth` levels runs (None: no limit):
+        a chain of min(k, depth), a tree of min(D, depth) levels."""
+        if depth is None:
+            return self
+        if self.tree is None:
+            return replace(self, k=min(self.k, depth))
+        return replace(self, tree=replace(self.tree, depth=min(self.tree.depth, depth)))
 
 
 class VerispecEngine:
-    """verispec's LLM with one speculative configuration."""
+    """verispec's LLM with one speculative configuration. draft: the draft checkpoint, or for a
+    head method (HEAD_METHODS) its head directory. self.spec is the shape that runs: a drafter
+    that drafts fewer levels than asked (Medusa: one per head) runs a shallower chain or tree."""
 
     engine = "verispec"
     reference: ClassVar[str | None] = "verispec"
     note: ClassVar[str] = ""
     drafts_with_models: ClassVar[bool] = True
+    runs_heads: ClassVar[bool] = True  # runs HEAD_METHODS
     quantization: ClassVar[str | None] = None  # of the target's linear weights
 
     def __init__(
         self, target: Path, draft: Path | None, spec: MethodSpec, dtype: str, device: str = "cpu"
     ) -> None:
-        from verispec import LLM, SpecConfig
+        from verispec import LLM
 
         self.method, self.k = spec.method, spec.k
-        speculative = None
-        if spec.method != PLAIN:  # each method is given only the options it reads
-            options: dict[str, Any] = {}
-            if takes_draft(spec.method):
-                options["model"] = str(draft)
-            if method(spec.method).takes_prompt_lookup:
-                options["prompt_lookup_min"] = spec.prompt_lookup_min
-                options["prompt_lookup_max"] = spec.prompt_lookup_max
-            speculative = SpecConfig(method=spec.method, num_speculative_tokens=spec.k, **options)
         self.llm = LLM(
-            model=str(target), dtype=dtype, device=device, speculative=speculative,
+            model=str(target), dtype=dtype, device=device, speculative=spec_config(spec, draft),
             quantization=self.quantization,
         )  # fmt: skip
+        self.spec = spec.fitted(getattr(self.llm.engine.proposer, "depth", None))
 
     def run(self, prompts: list[list[int]], sampling: Sampling, concurrency: int) -> BatchRun:
         from verispec import SamplingParams
@@ -148,6 +195,23 @@ class VerispecFp16Engine(VerispecEngine):
     quantization: ClassVar[str | None] = "fp16"
 
 
+def spec_config(spec: MethodSpec, draft: Path | None) -> SpecConfig | None:
+    """The SpecConfig for spec (None for PLAIN); each method is given only the options it
+    reads. draft: the draft checkpoint or head directory of methods that take one."""
+    if spec.method == PLAIN:
+        return None
+    options: dict[str, Any] = {}
+    traits = method(spec.method)
+    if traits.takes_model:
+        options["model"] = str(draft)
+    if traits.takes_prompt_lookup:
+        options["prompt_lookup_min"] = spec.prompt_lookup_min
+        options["prompt_lookup_max"] = spec.prompt_lookup_max
+    if spec.tree is not None:
+        options["tree_topk"], options["tree_depth"] = spec.tree.topk, spec.tree.depth
+    return SpecConfig(method=spec.method, num_speculative_tokens=spec.k, **options)
+
+
 def gaps(times: list[tuple[float, int]]) -> list[float]:
     """Inter-token gaps from (time, tokens emitted) events, the first event holding the first
     token; tokens of one event share its time: [(1.0, 1), (1.5, 3)] -> [0.5, 0.0, 0.0]."""
@@ -158,5 +222,10 @@ def gaps(times: list[tuple[float, int]]) -> list[float]:
 
 
 def takes_draft(method: str) -> bool:
-    """Whether a registry method drafts with a draft model."""
-    return takes_draft_model(method)
+    """Whether a registry method drafts with a separate draft model (a head is not one)."""
+    return method != PLAIN and takes_draft_model(method)
+
+
+def takes_head(method: str) -> bool:
+    """Whether a method drafts with a head over the target's features (--eagle, --medusa)."""
+    return method != PLAIN and registry_takes_head(method)

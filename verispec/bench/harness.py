@@ -18,16 +18,26 @@ from typing import Any
 import numpy as np
 
 from verispec.bench.engines import (
+    HEAD_METHODS,
     BatchRun,
     Engine,
     MethodSpec,
     Sampling,
+    TreeShape,
     VerispecEngine,
     VerispecFp16Engine,
     takes_draft,
+    takes_head,
 )
 from verispec.bench.hf_engine import TransformersEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing
+from verispec.bench.verify_cost import (
+    PassTimes,
+    alpha_from_length,
+    predicted_speedup,
+    step_cost_ratio,
+    step_predicted_speedup,
+)
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
 from verispec.drafters.registry import PLAIN, method_names
 from verispec.metrics import SpecStats
@@ -37,6 +47,13 @@ ENGINES: dict[str, Any] = {
 }
 OPTIONAL = {"llamacpp": llama_cpp_missing}  # engine -> why it cannot run here (None: it can)
 DRAFT_ALONE = "draft-alone"  # a plain run of the draft model, for the draft/target cost ratio
+PLAIN_SPEC, DRAFT_SPEC = MethodSpec(), MethodSpec(DRAFT_ALONE)
+Key = tuple[str, MethodSpec]  # (engine, configuration)
+
+
+def chain_methods() -> tuple[str, ...]:
+    """The methods run by default: every registry method that needs no head (see heads)."""
+    return tuple(m for m in method_names() if not takes_head(m))
 
 
 @dataclass
@@ -46,8 +63,10 @@ class BenchConfig:
     target: Path
     draft: Path
     workloads: tuple[str, ...] = ("code", "edit", "free")
-    methods: tuple[str, ...] = field(default_factory=method_names)
+    methods: tuple[str, ...] = field(default_factory=chain_methods)
     ks: tuple[int, ...] = (2, 4, 8)
+    heads: dict[str, Path] = field(default_factory=dict)  # head method -> its head directory
+    trees: tuple[TreeShape, ...] = ()  # run by head methods besides each k's chain
     temperatures: tuple[float, ...] = (0.0, 1.0)
     top_p: float = 0.95  # used at temperature > 0 (greedy ignores it)
     prompts: int | None = 6  # per workload (spread over its file); None = the whole file
@@ -80,6 +99,22 @@ class BenchConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError(f"concurrency values must be >= 1, got {self.concurrency}")
+        self._check_heads()
+
+    def _check_heads(self) -> None:
+        """A head method runs with its head; a head or tree shapes no method uses are errors."""
+        for name in self.methods:
+            if takes_head(name) and name not in self.heads:
+                raise ValueError(f"method {name} needs a head directory: give --{name} PATH")
+        for name in self.heads:
+            if name not in HEAD_METHODS:
+                raise ValueError(f"heads are for {', '.join(HEAD_METHODS)}; got {name!r}")
+            if name not in self.methods:
+                raise ValueError(f"--{name} is given but {name} is not among the methods "
+                                 f"({','.join(self.methods)})")  # fmt: skip
+        if self.trees and not any(takes_head(m) for m in self.methods):
+            raise ValueError(f"--trees applies to {' and '.join(HEAD_METHODS)} only; "
+                             "neither is among the methods")  # fmt: skip
 
 
 ANYWHERE = ("free", "chat")  # workloads that run every method in the quick plan
@@ -109,26 +144,35 @@ def plan_groups(config: BenchConfig, home: dict[str, str]) -> list[Group]:
                     config.plan == "full" or home.get(m) == workload or workload in ANYWHERE
                 )
             ]  # fmt: skip
-            specs = tuple(MethodSpec(m, k) for m in methods for k in config.ks)
+            specs = tuple(s for m in methods for s in method_specs(m, config))
             for c in config.concurrency:
                 groups.append(Group(workload, temperature, c, specs))
     return groups
 
 
+def method_specs(method: str, config: BenchConfig) -> list[MethodSpec]:
+    """A method's configurations: a chain of each k, and for a head method each tree shape
+    (k = its node budget)."""
+    specs = [MethodSpec(method, k) for k in config.ks]
+    if takes_head(method):
+        specs += [MethodSpec(method, t.budget, tree=t) for t in config.trees]
+    return specs
+
+
 @dataclass
 class Measured:
-    """All repeats of one configuration in one group."""
+    """All repeats of one configuration in one group; ran: the shape the engine ran."""
 
     engine: str
-    method: str
-    k: int
+    spec: MethodSpec
+    ran: MethodSpec
     runs: list[BatchRun] = field(default_factory=list)
     plain_runs: list[BatchRun] = field(default_factory=list)  # same engine, same repeats
 
 
 def run_group(
     group: Group,
-    engines: dict[tuple[str, str, int], Engine],
+    engines: dict[Key, Engine],
     prompts: list[list[int]],
     sampling: Sampling,
     repeats: int,
@@ -136,9 +180,9 @@ def run_group(
 ) -> list[Measured]:
     """Run a group's configurations interleaved: per repeat, every engine's plain run, then its
     speculative ones (and its draft alone), each over all prompts; a warm-up round first."""
-    order = [key for key in engines if key[1] == PLAIN]
-    order += [key for key in engines if key[1] != PLAIN and _in_group(key, group)]
-    measured = {key: Measured(*key) for key in order}
+    order = [key for key in engines if key[1] == PLAIN_SPEC]
+    order += [key for key in engines if key[1] != PLAIN_SPEC and _in_group(key[1], group)]
+    measured = {key: Measured(*key, getattr(engines[key], "spec", key[1])) for key in order}
     for repeat in range(repeats + 1):
         results = {key: engines[key].run(prompts, sampling, group.concurrency) for key in order}
         tick()
@@ -146,15 +190,14 @@ def run_group(
             continue  # warm-up
         for key, run in results.items():
             measured[key].runs.append(run)
-            measured[key].plain_runs.append(results[(key[0], PLAIN, 0)])
+            measured[key].plain_runs.append(results[(key[0], PLAIN_SPEC)])
     return list(measured.values())
 
 
-def _in_group(key: tuple[str, str, int], group: Group) -> bool:
-    _, method, k = key
-    if method == DRAFT_ALONE:  # needed for the cost ratio of draft-model rows only
+def _in_group(spec: MethodSpec, group: Group) -> bool:
+    if spec == DRAFT_SPEC:  # needed for the cost ratio of draft-model rows only
         return any(takes_draft(m.method) for m in group.methods)
-    return any(m.method == method and m.k == k for m in group.methods)
+    return spec in group.methods
 
 
 def summarise(
@@ -170,15 +213,16 @@ def summarise(
     speedup = med(
         a.tokens_per_s / b.tokens_per_s for a, b in zip(m.runs, m.plain_runs, strict=True)
     )
-    k = m.k
-    cost = 0.0 if m.method != PLAIN and not takes_draft(m.method) else draft_cost
-    predicted = None
-    if m.method != PLAIN and cost is not None:
-        predicted = predicted_speedup(alpha_from_length(stats.mean_acceptance_length, k), k, cost)
+    spec, plain = m.ran, m.ran.method == PLAIN
+    tree = spec.tree
+    per_position = stats.per_position_acceptance_rate[: tree.depth if tree else None]
     return {
         "engine": m.engine,
-        "method": m.method,
-        "k": k,
+        "method": spec.method,
+        "k": spec.k,
+        "tree_topk": tree.topk if tree else None,
+        "tree_depth": tree.depth if tree else None,
+        "budget": tree.budget if tree else None,
         "temperature": group.temperature,
         "top_p": sampling.top_p,
         "workload": group.workload,
@@ -196,12 +240,34 @@ def summarise(
         "itl_s_p90": float(np.percentile(itls, 90)) if itls else None,
         "acceptance_rate": stats.acceptance_rate,
         "mean_acceptance_length": stats.mean_acceptance_length,
-        "per_position_acceptance_rate": stats.per_position_acceptance_rate,
-        "speedup": speedup if m.method != PLAIN else 1.0,
-        "draft_cost_ratio": cost if m.method != PLAIN else None,
-        "predicted_speedup": predicted,
+        "per_position_acceptance_rate": per_position,
+        "speedup": 1.0 if plain else speedup,
+        **_predicted(m, group, stats.mean_acceptance_length, draft_cost),
         "time_fractions": _time_fractions(m),
     }
+
+
+def _predicted(
+    m: Measured, group: Group, length: float | None, draft_cost: float | None
+) -> dict[str, float | None]:
+    """draft_cost_ratio, step_cost_ratio and predicted_speedup of a row: Leviathan's formula
+    for draft models and prompt lookup; a head's chain or tree, whose draft runs no model
+    alone, from this run's phase times (tokens per step / step cost; concurrency 1 only)."""
+    spec = m.ran
+    if spec.method == PLAIN:
+        return {"draft_cost_ratio": None, "step_cost_ratio": None, "predicted_speedup": None}
+    step = None
+    timed = PassTimes.of(m.runs), PassTimes.of(m.plain_runs)
+    if group.concurrency == 1 and timed[0] is not None and timed[1] is not None:
+        step = step_cost_ratio(*timed)
+    if takes_head(spec.method):
+        predicted = step_predicted_speedup(length, step)
+        return {"draft_cost_ratio": None, "step_cost_ratio": step, "predicted_speedup": predicted}
+    cost = draft_cost if takes_draft(spec.method) else 0.0
+    predicted = None
+    if cost is not None:
+        predicted = predicted_speedup(alpha_from_length(length, spec.k), spec.k, cost)
+    return {"draft_cost_ratio": cost, "step_cost_ratio": step, "predicted_speedup": predicted}
 
 
 def _time_fractions(m: Measured) -> dict[str, float] | None:
@@ -215,62 +281,44 @@ def _time_fractions(m: Measured) -> dict[str, float] | None:
     return shares
 
 
-def tokens_per_step(a: float, k: int) -> float:
-    """Expected tokens per verify step when each draft is accepted with chance a given the ones
-    before were: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a). E.g. a = 0.5, k = 2: 1.75."""
-    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-
-
-def predicted_speedup(a: float | None, k: int, c: float) -> float | None:
-    """Leviathan et al. (2023), eq. 1: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with c the draft's
-    cost per token relative to the target's. E.g. a = 0.5, k = 2, c = 0.25: 1.75 / 1.5."""
-    if a is None:
-        return None
-    return tokens_per_step(a, k) / (k * c + 1)
-
-
-def alpha_from_length(length: float | None, k: int) -> float | None:
-    """The a for which tokens_per_step(a, k) equals a measured mean acceptance length (by
-    bisection: tokens_per_step rises from 1 at a = 0 to k + 1 at a = 1)."""
-    if length is None:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tokens_per_step(mid, k) < length else (lo, mid)
-    return (lo + hi) / 2
-
-
 def home_workloads() -> dict[str, str]:
-    """The workload each method is made for: draft models on `code`, prompt lookup on `edit`."""
-    return {m: "code" if takes_draft(m) else "edit" for m in method_names()}
+    """The workload each method is made for: draft models and heads on `code`, prompt lookup
+    on `edit`."""
+    return {m: "code" if takes_draft(m) or takes_head(m) else "edit" for m in method_names()}
 
 
-def load_engines(
-    config: BenchConfig, progress: Callable[[str], None]
-) -> dict[tuple[str, str, int], Engine]:
-    """Every engine the plan needs, keyed (engine, method, k); plain and draft-alone included.
-    An optional engine that cannot run here is skipped, and an engine that drafts without
-    models runs no draft-model method; both with a note through progress."""
-    needed = {(m.method, m.k) for g in plan_groups(config, home_workloads()) for m in g.methods}
-    engines: dict[tuple[str, str, int], Engine] = {}
+def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[Key, Engine]:
+    """Every engine the plan needs, keyed (engine, configuration); plain and draft-alone
+    included. An optional engine that cannot run here is skipped, and an engine runs no
+    draft-model method unless it drafts with models and no head method unless it runs heads;
+    each with a note through progress, as is a shape a drafter runs shallower than asked."""
+    groups = plan_groups(config, home_workloads())
+    needed = list(dict.fromkeys(m for g in groups for m in g.methods))
+    engines: dict[Key, Engine] = {}
     for name in config.engines:
         cls = ENGINES[name]
         missing = OPTIONAL[name]() if name in OPTIONAL else None
         if missing is not None:
             progress(f"note: skipping engine {name}: {missing}")
             continue
-        methods = sorted(mk for mk in needed if cls.drafts_with_models or not takes_draft(mk[0]))
-        if len(methods) < len(needed):
+        runs_heads = getattr(cls, "runs_heads", False)
+        specs = [s for s in needed if cls.drafts_with_models or not takes_draft(s.method)]
+        if len(specs) < len(needed):
             progress(f"note: engine {name} runs no draft-model method; it has no rows for them")
+        if not runs_heads and any(takes_head(s.method) for s in specs):
+            specs = [s for s in specs if not takes_head(s.method)]
+            progress(f"note: engine {name} runs no head method; it has no rows for them")
         progress(f"loading {name} engines ...")
-        engines[(name, PLAIN, 0)] = cls(config.target, None, MethodSpec(), config.dtype)
-        if any(takes_draft(m) for m, _ in methods):
-            engines[(name, DRAFT_ALONE, 0)] = cls(config.draft, None, MethodSpec(), config.dtype)
-        for method, k in methods:
-            engines[(name, method, k)] = cls(
-                config.target, config.draft, MethodSpec(method, k), config.dtype
-            )
+        engines[(name, PLAIN_SPEC)] = cls(config.target, None, PLAIN_SPEC, config.dtype)
+        if any(takes_draft(s.method) for s in specs):
+            engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype)
+        for spec in specs:
+            draft = config.heads[spec.method] if takes_head(spec.method) else config.draft
+            engine = engines[(name, spec)] = cls(config.target, draft, spec, config.dtype)
+            ran = getattr(engine, "spec", spec)
+            if ran != spec:
+                progress(f"note: {name} {spec.method} {spec.label} runs as {ran.label} (its "
+                         "drafter drafts no deeper)")  # fmt: skip
     return engines
 
 
@@ -280,7 +328,7 @@ def run_bench(
     progress: Callable[[str], None] = lambda _: None,
     tick_total: Callable[[int], Callable[[], None]] = lambda _: lambda: None,
 ) -> list[dict[str, Any]]:
-    """Run every group of the plan; one row per (engine, method, k) per group. Prompts are
+    """Run every group of the plan; one row per (engine, configuration) per group. Prompts are
     tokenized before any engine loads, so a prompt the model cannot take fails early."""
     token_ids = {
         name: [tokenize(p) for p in WORKLOADS[name].prompts(config.prompts)]
@@ -303,14 +351,14 @@ def run_bench(
             if isinstance(e, VerispecEngine) or group.concurrency == 1
         }  # fmt: skip
         measured = run_group(group, usable, prompts, sampling, config.repeats, tick)
-        by_key = {(m.engine, m.method, m.k): m for m in measured}
+        by_key = {(m.engine, m.spec): m for m in measured}
         for m in measured:
-            if m.method == DRAFT_ALONE:
+            if m.spec == DRAFT_SPEC:
                 continue
-            alone = by_key.get((m.engine, DRAFT_ALONE, 0))
-            cost = _cost_ratio(alone, by_key[(m.engine, PLAIN, 0)]) if alone else None
+            alone = by_key.get((m.engine, DRAFT_SPEC))
+            cost = _cost_ratio(alone, by_key[(m.engine, PLAIN_SPEC)]) if alone else None
             row = summarise(m, group, sampling, config, cost)
-            reference = by_key.get((ENGINES[m.engine].reference, PLAIN, 0))
+            reference = by_key.get((ENGINES[m.engine].reference, PLAIN_SPEC))
             row["greedy_mismatches"] = _mismatches(m, reference) if greedy and reference else None
             rows.append(row)
     return rows

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.harness import BenchConfig, comparison_notes, run_bench
+from verispec.bench.engines import HEAD_METHODS, parse_tree_shape, takes_draft
+from verispec.bench.harness import BenchConfig, chain_methods, comparison_notes, run_bench
 from verispec.bench.hf_engine import hf_location
 from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
-from verispec.drafters.registry import PLAIN, takes_draft_model
+from verispec.drafters.registry import PLAIN
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
@@ -40,9 +41,14 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         import torch
 
         options["threads"] = torch.get_num_threads()
+    heads = {m: bench_head(getattr(args, m), f"--{m}") for m in HEAD_METHODS if getattr(args, m)}
+    if args.methods is None:  # the default methods, and every method given a head
+        options["methods"] = (*chain_methods(), *heads)
+    if args.trees is not None:
+        options["trees"] = tuple(parse_tree_shape(t) for t in args.trees)
     target = bench_model(args.target, "target", "--target")
     draft = bench_model(args.draft, "draft", "--draft")
-    return BenchConfig(target=target, draft=draft, **options)
+    return BenchConfig(target=target, draft=draft, heads=heads, **options)
 
 
 def bench_model(name: str | None, role: str, flag: str) -> Path:
@@ -59,6 +65,16 @@ def bench_model(name: str | None, role: str, flag: str) -> Path:
         raise ValueError(f"{flag} {name}: {e}") from None
 
 
+def bench_head(name: str, flag: str) -> Path:
+    """A drafter head directory (or a named head) for a head method; errors name the flag."""
+    from verispec.models.loader import resolve_head_path
+
+    try:
+        return resolve_head_path(name)
+    except ValueError as e:
+        raise ValueError(f"{flag} {name}: {e}") from None
+
+
 def settings(config: BenchConfig) -> dict[str, Any]:
     """Everything needed to read (and rerun) the figures."""
     import torch
@@ -69,8 +85,10 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     fields = {
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
-    if not any(m != PLAIN and takes_draft_model(m) for m in config.methods):
+    if not any(m != PLAIN and takes_draft(m) for m in config.methods):
         fields["draft"] = None  # no row uses it: do not print a model that did not run
+    fields["heads"] = {m: str(path) for m, path in config.heads.items()}
+    fields["trees"] = [t.label for t in config.trees]
     return {
         **fields,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -157,10 +175,16 @@ def _version(package: str) -> str | None:
 
 
 def _settings_line(info: dict[str, Any]) -> str:
+    """One line of the settings; the heads (e.g. `eagle=DIR`) and tree shapes when any ran."""
     keys = ("target", "draft", "engines", "workloads", "dtype", "threads", "plan", "prompts",
             "max_tokens", "repeats", "top_p", "cpu", "torch", "transformers", "llama_cpp_python",
             "load_average_before")  # fmt: skip
-    return "settings: " + ", ".join(f"{k}={info.get(k)}" for k in keys)
+    items = [f"{k}={info.get(k)}" for k in keys]
+    heads = [f"{m}={path}" for m, path in info.get("heads", {}).items()]
+    if info.get("trees"):
+        heads.append(f"trees={','.join(info['trees'])}")
+    items[2:2] = heads
+    return "settings: " + ", ".join(items)
 
 
 def run_facts(load_before: float) -> dict[str, str]:

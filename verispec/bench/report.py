@@ -26,6 +26,7 @@ COLUMNS = (  # (header, row field, format, scale)
     ("speedup", "speedup", ".2f", 1),
     ("predicted", "predicted_speedup", ".2f", 1),
     ("c", "draft_cost_ratio", ".2f", 1),
+    ("step c", "step_cost_ratio", ".2f", 1),
     ("=plain", "greedy_mismatches", "d", 1),
     ("draft/target/verify/other %", "time_fractions", "s", 1),
 )
@@ -43,7 +44,9 @@ def table(rows: list[dict[str, Any]]) -> str:
                 line.append("/".join(f"{100 * value[p]:.0f}" for p in TIME_PHASES))
             elif key == "greedy_mismatches" and value is not None:
                 line.append("yes" if value == 0 else f"{value} differ")
-            elif value is None or (key == "k" and row["method"] == PLAIN):
+            elif key == "k":
+                line.append("-" if row["method"] == PLAIN else shape(row))
+            elif value is None:
                 line.append("-")
             else:
                 line.append(format(value * scale if scale != 1 else value, spec))
@@ -56,6 +59,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         )
         for line in cells
     )
+
+
+def shape(row: dict[str, Any]) -> str:
+    """What a row's drafter drafted per step: its chain's k ('4') or its tree ('4x6:16')."""
+    if row.get("tree_topk") is None:
+        return str(row["k"])
+    return f"{row['tree_topk']}x{row['tree_depth']}:{row['budget']}"
 
 
 def verify_table(curve: list[dict[str, Any]]) -> str:
@@ -96,14 +106,16 @@ def write_plots(
         series: dict[tuple, list[tuple[int, float]]] = {}
         for r in spec_rows:
             if r["engine"] == engine:
-                key = (r["method"], r["workload"], r["temperature"])
+                tree = "" if r.get("tree_topk") is None else f" tree {shape(r).split(':')[0]}"
+                key = (r["method"] + tree, r["workload"], r["temperature"])
                 series.setdefault(key, []).append((r["k"], r["speedup"]))
         for (method, workload, temperature), points in sorted(series.items()):
             ks, speedups = zip(*sorted(points), strict=True)
             style = "-" if temperature == 0 else "--"
             ax.plot(ks, speedups, style, marker="o", label=f"{method} {workload} T={temperature:g}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(xlabel="k (draft tokens per step)", title=f"{engine}: speedup over its own plain")
+        ax.set(xlabel="k (draft tokens or tree nodes per step)",
+               title=f"{engine}: speedup over its own plain")  # fmt: skip
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("speedup (tokens/s ratio, same run)")
     written.append(_save(fig, directory / "speedup_vs_k.png"))
@@ -136,7 +148,7 @@ def write_plots(
         conc: dict[tuple, list[tuple[int, float]]] = {}
         for r in rows:
             if r["method"] != PLAIN:
-                key = (r["engine"], r["method"], r["k"], r["workload"], r["temperature"])
+                key = (r["engine"], r["method"], shape(r), r["workload"], r["temperature"])
                 conc.setdefault(key, []).append((r["concurrency"], r["speedup"]))
         for key, points in sorted(conc.items()):
             xs, ys = zip(*sorted(points), strict=True)

@@ -1,7 +1,9 @@
-"""The verification-cost curve: time of one target forward over q new tokens, warm cache.
+"""What verification costs: the curve of one target forward over q new tokens on a warm cache,
+and a benchmark pass's cost of one speculative step relative to a plain one.
 
-Speculative decoding pays only if checking q = 1 + k tokens costs about what producing one
-does; this curve measures that ratio, t(q) / t(1), directly in verispec's runtime.
+Speculative decoding pays only if checking q = 1 + k tokens (or a tree's nodes + 1) costs
+about what producing one does; the curve measures that ratio, t(q) / t(1), directly in
+verispec's runtime; step_cost_ratio reads it, draft included, from a run's phase times.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from verispec.bench.engines import BatchRun
 from verispec.models.config import ModelConfig
 from verispec.models.hub import cache_dir
 from verispec.models.linear import choose_backend
@@ -79,6 +83,86 @@ def verify_cost_curve(
         VerifyCost(label, q, 1e3 * statistics.median(times[q]), statistics.median(times[q]) / base)
         for q in qs
     ]
+
+
+def tokens_per_step(a: float, k: int) -> float:
+    """Expected tokens per verify step when each draft is accepted with chance a given the ones
+    before were: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a). E.g. a = 0.5, k = 2: 1.75."""
+    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def predicted_speedup(a: float | None, k: int, c: float) -> float | None:
+    """Leviathan et al. (2023), eq. 1: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with c the draft's
+    cost per token relative to the target's. E.g. a = 0.5, k = 2, c = 0.25: 1.75 / 1.5."""
+    if a is None:
+        return None
+    return tokens_per_step(a, k) / (k * c + 1)
+
+
+def alpha_from_length(length: float | None, k: int) -> float | None:
+    """The a for which tokens_per_step(a, k) equals a measured mean acceptance length (by
+    bisection: tokens_per_step rises from 1 at a = 0 to k + 1 at a = 1)."""
+    if length is None:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tokens_per_step(mid, k) < length else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class PassTimes:
+    """What the step-cost model reads from passes over the prompts (summed over repeats)."""
+
+    forward_s: float  # seconds in the draft and target phases of the engine's steps
+    prefill_s: float  # seconds to each request's first token (its prompt's forward), summed
+    decode_tokens: int  # output tokens after each request's first
+    verify_steps: int  # steps that verified drafts (0 for plain decoding)
+    accepted: int  # draft tokens accepted in those steps
+
+    @classmethod
+    def of(cls, runs: Sequence[BatchRun]) -> PassTimes | None:
+        """From verispec passes (None when an engine kept no phase times)."""
+        phases = [run.phases for run in runs]
+        if any(p is None for p in phases):
+            return None
+        stats = [r.spec for run in runs for r in run.requests]
+        return cls(
+            forward_s=sum(p["draft"] + p["target"] for p in phases if p is not None),
+            prefill_s=sum(r.ttft_s for run in runs for r in run.requests),
+            decode_tokens=sum(max(0, len(r.token_ids) - 1) for run in runs for r in run.requests),
+            verify_steps=sum(s.num_verify_steps for s in stats),
+            accepted=sum(s.num_accepted_tokens for s in stats),
+        )
+
+
+def step_cost_ratio(spec: PassTimes, plain: PassTimes) -> float | None:
+    """Cost of one speculative step (its draft, then the target forward over the q = drafts + 1
+    rows it verifies) over one plain decode step (a 1-row forward), from phase times with the
+    prompts' forwards (time to first token) taken out. Plain: t1 = (forward_s - prefill_s) /
+    decode_tokens. Spec: steps that verified no draft (decode_tokens - verify_steps - accepted
+    of them, one token each) are charged t1; the rest is spread over verify_steps. None when
+    there is nothing to divide or a time comes out <= 0 (too short a run).
+
+    Example: plain 96 decode tokens, 2.0 s with 0.08 s prefill: t1 = 0.02 s; spec 96 decode
+    tokens, 30 verify steps accepting 60 (so 6 steps without drafts), 1.0 s with 0.08 s
+    prefill: (1.0 - 0.08 - 6 * 0.02) / 30 = 0.0267 s a step, ratio 1.33.
+    """
+    if not plain.decode_tokens or not spec.verify_steps:
+        return None
+    t1 = (plain.forward_s - plain.prefill_s) / plain.decode_tokens
+    undrafted = max(0, spec.decode_tokens - spec.verify_steps - spec.accepted)
+    step = (spec.forward_s - spec.prefill_s - undrafted * t1) / spec.verify_steps
+    return step / t1 if t1 > 0 and step > 0 else None
+
+
+def step_predicted_speedup(length: float | None, ratio: float | None) -> float | None:
+    """Tokens per verify step over the step's cost relative to a plain step (which yields one
+    token): what the draft and the forwards alone allow. E.g. length 3.0, ratio 1.33: 2.25."""
+    if length is None or ratio is None:
+        return None
+    return length / ratio
 
 
 def random_llama_125m(dtype: str = "float32") -> Path:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from verispec.models.llama import LlamaModel
 from verispec.request import Request
+from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer
 
 
@@ -32,6 +34,8 @@ class TargetInfo:
     linear_backend: str
     """Kernel choice for linear layers, as EngineConfig.linear_backend."""
     batch_invariant: bool
+    model: LlamaModel
+    """The target itself (feature-level heads share its embedding and read its layers)."""
 
 
 @dataclass(slots=True)
@@ -43,6 +47,9 @@ class Drafts:
     probs: torch.Tensor | None
     """[total drafts, vocab] the drafter's warped distribution q at each draft position, rows in
     request order; None for a deterministic drafter (q is one-hot at the draft token)."""
+    trees: list[DraftTree] | None = None
+    """Per request: the tree its token_ids form (nodes in that order, deterministic drafts);
+    None when every request's drafts are a chain."""
 
 
 class Proposer(Protocol):
@@ -54,4 +61,18 @@ class Proposer(Protocol):
 
     def release(self, request: Request) -> None:
         """Forget a request (finished or preempted) and free what the drafter holds for it."""
+        ...
+
+
+@runtime_checkable
+class FeatureProposer(Proposer, Protocol):
+    """A drafter that reads the target's hidden states (EAGLE, Medusa heads)."""
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Target residual streams it reads (LlamaModel.hidden_states numbering)."""
+        ...
+
+    def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
+        """Features [n, F] of the target positions start .. start + n - 1 whose KV is kept."""
         ...

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verispec.drafters.draft_model import DraftModelProposer
+from verispec.drafters.eagle import EagleProposer
+from verispec.drafters.medusa import MedusaProposer
 from verispec.drafters.ngram import NgramProposer
 from verispec.drafters.proposer import Proposer, TargetInfo
+from verispec.models.eagle import load_eagle_head
+from verispec.models.linear import choose_backend
+from verispec.models.loader import resolve_head_path
+from verispec.models.medusa import load_medusa_heads
 
 if TYPE_CHECKING:  # annotations only: config imports this module, never the reverse at run time
     from verispec.config import SpecConfig
@@ -23,6 +29,32 @@ class Method:
     """Drafts with a separate draft checkpoint (SpecConfig.model, .quantization)."""
     takes_prompt_lookup: bool = False
     """Reads SpecConfig.prompt_lookup_min / prompt_lookup_max."""
+    takes_head: bool = False
+    """Drafts with a head over the target's features (SpecConfig.model is its directory)."""
+    takes_tree: bool = False
+    """May draft a tree: reads SpecConfig.tree_topk / tree_depth."""
+
+    @property
+    def takes_model(self) -> bool:
+        """SpecConfig.model (and .quantization) name its draft checkpoint or head."""
+        return self.takes_draft_model or self.takes_head
+
+
+def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
+    backend = choose_backend(target.linear_backend, target.device, target.dtype)
+    head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
+                           target.batch_invariant, spec.quantization)  # fmt: skip
+    return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
+                         spec.tree_depth or 1, target)  # fmt: skip
+
+
+def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
+    backend = choose_backend(target.linear_backend, target.device, target.dtype)
+    heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
+                              target.batch_invariant, spec.quantization)  # fmt: skip
+    k = spec.num_speculative_tokens
+    depth = spec.tree_depth or (k if (spec.tree_topk or 1) == 1 else heads.config.num_heads)
+    return MedusaProposer(heads, k, spec.tree_topk or 1, depth)
 
 
 _METHODS: dict[str, Method] = {
@@ -36,6 +68,8 @@ _METHODS: dict[str, Method] = {
         lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
         takes_prompt_lookup=True,
     ),
+    "eagle": Method(_eagle, takes_head=True, takes_tree=True),
+    "medusa": Method(_medusa, takes_head=True, takes_tree=True),
 }
 
 
@@ -61,6 +95,21 @@ def method(name: str) -> Method:
 def takes_draft_model(name: str) -> bool:
     """Whether method `name` drafts with a separate draft checkpoint (SpecConfig.model)."""
     return method(name).takes_draft_model
+
+
+def takes_head(name: str) -> bool:
+    """Whether method `name` drafts with a head over the target's features (SpecConfig.model)."""
+    return method(name).takes_head
+
+
+def takes_model(name: str) -> bool:
+    """Whether method `name` needs SpecConfig.model (a draft checkpoint or a head)."""
+    return method(name).takes_model
+
+
+def head_method_names() -> tuple[str, ...]:
+    """Methods that draft with a head (EAGLE, Medusa)."""
+    return tuple(n for n, m in _METHODS.items() if m.takes_head)
 
 
 def method_names() -> tuple[str, ...]:

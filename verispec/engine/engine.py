@@ -8,7 +8,7 @@ import math
 import torch
 
 from verispec.config import EngineConfig
-from verispec.drafters.proposer import Proposer, TargetInfo
+from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
@@ -19,6 +19,7 @@ from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.models.paged import PagedModel
 from verispec.outputs import RequestOutput
 from verispec.request import Request
+from verispec.sample.rejection import Verdict
 from verispec.sampling_params import SamplingParams
 from verispec.tokenizer import Tokenizer
 
@@ -82,7 +83,7 @@ class Engine:
                 device=self.device, dtype=dtype, max_model_len=self.max_model_len,
                 num_blocks=num_blocks, generator=generator, block_size=block_size,
                 max_num_seqs=config.max_num_seqs, linear_backend=config.linear_backend,
-                batch_invariant=config.batch_invariant,
+                batch_invariant=config.batch_invariant, model=self.model,
             )  # fmt: skip
             self.proposer = make_proposer(spec, target)
         self.spec_stats = SpecStats()
@@ -132,9 +133,11 @@ class Engine:
         clock.lap("schedule")
         draft_probs = self._propose(plan.scheduled)
         clock.lap("draft")
-        logits = self.runner.execute(plan.scheduled)  # [rows of sampling requests, vocab]
+        logits, features = self.runner.execute(plan.scheduled, self._feature_layers)
         clock.lap("target")
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
+        if features is not None and isinstance(self.proposer, FeatureProposer):
+            self._observe(self.proposer, plan.scheduled, verdict, features)
         clock.lap("verify")
         finished = self.scheduler.update(plan, verdict, self.tokenizer.decode, self.spec_stats)
         self._release(finished)
@@ -150,9 +153,36 @@ class Engine:
         drafts = self.proposer.propose(
             [s.request for s in drafting], [s.num_draft_slots for s in drafting]
         )
-        for s, ids in zip(drafting, drafts.token_ids, strict=True):
+        for i, (s, ids) in enumerate(zip(drafting, drafts.token_ids, strict=True)):
             s.draft_token_ids = ids
+            s.draft_tree = None if drafts.trees is None else drafts.trees[i]
         return drafts.probs
+
+    @property
+    def _feature_layers(self) -> tuple[int, ...]:
+        """Target layers whose features the drafter reads (none for token-level drafters)."""
+        if isinstance(self.proposer, FeatureProposer):
+            return self.proposer.feature_layers
+        return ()
+
+    @staticmethod
+    def _observe(
+        proposer: FeatureProposer,
+        scheduled: list[ScheduledRequest],
+        verdict: Verdict,
+        features: torch.Tensor,
+    ) -> None:
+        """Hand a feature drafter the features [new tokens, F] of the positions whose KV is
+        kept: each chunk's tokens, then the accepted drafts (a tree's accepted path)."""
+        sampled = {id(s): i for i, s in enumerate(s for s in scheduled if s.samples)}
+        offset = 0
+        for s in scheduled:
+            rows = list(range(offset, offset + len(s.token_ids)))
+            if id(s) in sampled:
+                first = offset + len(s.token_ids)
+                rows += [first + d for d in verdict.accepted_drafts(sampled[id(s)])]
+            proposer.observe(s.request, s.start, features[rows])
+            offset += len(s.token_ids) + len(s.draft_token_ids)
 
     def _release(self, requests: list[Request]) -> None:
         """Drop what the drafter holds for requests that finished or lost their KV."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from verispec.batch import SeqChunk
@@ -9,6 +11,7 @@ from verispec.engine.scheduler import ScheduledRequest
 from verispec.models.paged import PagedModel
 from verispec.request import sampling_tensors
 from verispec.sample.rejection import Verdict, verify
+from verispec.sample.tree import DraftTree, verify_tree
 
 
 class ModelRunner:
@@ -19,22 +22,31 @@ class ModelRunner:
         self.generator = generator
         """Shared generator for requests without a seed of their own."""
 
-    def execute(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
-        """One forward over every scheduled chunk and its drafts; logits [R, vocab] with
-        1 + len(drafts) rows per request that samples this step, in scheduled order."""
-        chunks = []
-        for s in scheduled:
-            tokens = s.token_ids + s.draft_token_ids
-            chunks.append(
-                SeqChunk(
-                    token_ids=tokens,
-                    start_position=s.start,
-                    slots=s.slots[: len(tokens)],
-                    block_table=s.request.block_table.blocks,
-                    num_logits=1 + len(s.draft_token_ids) if s.samples else 0,
-                )
-            )
-        return self.target.forward(chunks)
+    def execute(
+        self, scheduled: list[ScheduledRequest], feature_layers: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over every scheduled chunk and its drafts (a tree's nodes with its
+        tree mask and positions). Returns logits [R, vocab], with 1 + len(drafts) rows per
+        request that samples this step, in scheduled order; and, when feature_layers are
+        asked for, the features [every new token, F] of every row in chunk order."""
+        chunks = [self._chunk(s) for s in scheduled]
+        if not feature_layers:
+            return self.target.forward(chunks), None
+        return self.target.forward_with_features(chunks, feature_layers)
+
+    @staticmethod
+    def _chunk(s: ScheduledRequest) -> SeqChunk:
+        tokens = s.token_ids + s.draft_token_ids
+        tree = s.draft_tree
+        return SeqChunk(
+            token_ids=tokens,
+            start_position=s.start,
+            slots=s.slots[: len(tokens)],
+            block_table=s.request.block_table.blocks,
+            num_logits=1 + len(s.draft_token_ids) if s.samples else 0,
+            extra_mask=None if tree is None else tree.attention_mask(),
+            positions=None if tree is None else tree.positions(s.start),
+        )
 
     def verify(
         self,
@@ -43,7 +55,10 @@ class ModelRunner:
         draft_probs: torch.Tensor | None,
     ) -> Verdict:
         """Accepted drafts plus one recovered/bonus token per sampling request (with no drafts
-        that is plain sampling). Row j of a request is warped with its drafts[:j] as history."""
+        that is plain sampling). Row j of a request is warped with the drafts on the path to
+        it as history. An accepted tree path's KV is moved to the slots a chain would use."""
+        if any(s.draft_tree is not None for s in sampling):
+            return self._verify_trees(logits, sampling)
         rows = [
             (s.request, s.draft_token_ids[:j])
             for s in sampling
@@ -58,3 +73,30 @@ class ModelRunner:
             [s.request.generator for s in sampling],
             self.generator,
         )
+
+    def _verify_trees(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> Verdict:
+        trees = [s.draft_tree or DraftTree.chain(s.draft_token_ids) for s in sampling]
+        rows = [(s.request, h) for s, tree in zip(sampling, trees, strict=True)
+                for h in tree.row_histories()]  # fmt: skip
+        t = sampling_tensors(rows, logits.shape[-1], logits.device)
+        verdict = verify_tree(
+            logits, trees, t, [s.request.generator for s in sampling], self.generator
+        )
+        self._keep_paths(sampling, [verdict.accepted_drafts(i) for i in range(len(sampling))])
+        return verdict
+
+    def _keep_paths(self, sampling: list[ScheduledRequest], paths: list[list[int]]) -> None:
+        """Copy each accepted path's KV from its nodes' slots to the consecutive slots after
+        the verified token, where the next step expects it (the rest is rolled back)."""
+        src: list[int] = []
+        dst: list[int] = []
+        for s, path in zip(sampling, paths, strict=True):
+            first = len(s.token_ids)  # slot index of draft node 0
+            for depth, node in enumerate(path):
+                if node != depth:
+                    src.append(s.slots[first + node])
+                    dst.append(s.slots[first + depth])
+        if src:
+            device = self.target.model.device
+            self.target.kv.copy_slots(torch.tensor(src, device=device),
+                                      torch.tensor(dst, device=device))  # fmt: skip

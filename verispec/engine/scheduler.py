@@ -10,6 +10,7 @@ from verispec.kv import CacheExhaustedError
 from verispec.metrics import SpecStats
 from verispec.request import Request, Status
 from verispec.sample.rejection import Verdict
+from verispec.sample.tree import DraftTree
 
 
 @dataclass(slots=True)
@@ -26,6 +27,8 @@ class ScheduledRequest:
     """Draft tokens this request may verify this step (k, shrunk near its limits)."""
     draft_token_ids: list[int] = field(default_factory=list)
     """Filled by the drafter: at most num_draft_slots tokens after token_ids."""
+    draft_tree: DraftTree | None = None
+    """The tree draft_token_ids form (its nodes, in order); None = a chain."""
 
     @property
     def samples(self) -> bool:
@@ -135,7 +138,10 @@ class Scheduler:
     def _try_reserve(self, request: Request, budget: int) -> ScheduledRequest | None:
         remaining = request.num_tokens - request.num_computed_tokens
         num_new = min(budget, remaining)
-        k = self._num_drafts(request, budget - 1) if remaining == 1 else 0
+        # Drafts follow the prompt's prefill: a drafter reading the target's features has
+        # none before the first forward (a 1-token prompt would otherwise draft at once).
+        decoding = remaining == 1 and request.num_computed_tokens > 0
+        k = self._num_drafts(request, budget - 1) if decoding else 0
         try:
             slots = request.block_table.append_slots(num_new + k)
         except CacheExhaustedError:

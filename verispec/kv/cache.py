@@ -54,6 +54,12 @@ class KVCache:
         kv_heads, head_dim] views each (what gather returns for one sequence, without a copy)."""
         return self.k[layer, start:stop][None], self.v[layer, start:stop][None]
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's keys and values from slots src [n] to slots dst [n] (all sources
+        are read before any destination is written): moves an accepted tree path into place."""
+        for cache in (self.k, self.v):
+            cache.index_copy_(1, dst, cache.index_select(1, src))
+
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

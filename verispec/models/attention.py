@@ -67,10 +67,11 @@ def _mask(batch: ForwardBatch, window: int | None, max_q: int, max_ctx: int) -> 
     first_new = ctx - q_lens  # key index of the first new token
     own = first_new + i  # key index of query i itself
     visible = j <= own  # [S, Q, C]
-    if batch.extra_mask is not None:
-        rel = (j - first_new).expand(-1, max_q, -1)  # [S, Q, C]
-        among_new = batch.extra_mask.gather(2, rel.clamp(0, max_q - 1))
-        visible &= (rel < 0) | among_new
+    if batch.extra_mask is not None:  # right-aligned: its last column is each sequence's last key
+        width = batch.extra_mask.shape[2]
+        rel = (j - (ctx - width)).expand(-1, max_q, -1)  # [S, Q, C] column of key j
+        masked = batch.extra_mask.gather(2, rel.clamp(0, width - 1))
+        visible &= (rel < 0) | masked
     if binding_window:
         q_pos, k_pos = _rotary_positions(batch, max_q, max_ctx)
         visible &= (q_pos - k_pos) < window

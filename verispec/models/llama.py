@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,6 @@ class LlamaModel:
         self.inv_freq = inverse_frequencies(
             config.head_dim, config.rope_theta, config.rope_scaling
         ).to(self.device)
-        self.scale = config.head_dim**-0.5
         self.windows = {layer.window for layer in layers}
         self.batch_invariant = batch_invariant
         """Attention row by row over exactly its visible keys (see Linear.row_wise)."""
@@ -87,22 +87,49 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Write the new tokens' keys/values into kv and return logits [L, vocab] float32
         for the rows in batch.logits_indices."""
-        hidden = self.hidden_states(batch, kv)  # [T, hidden]
+        hidden, _ = self.hidden_states(batch, kv)  # [T, hidden]
         return self.logits(hidden.index_select(0, batch.logits_indices))
 
-    def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden] of every new token."""
+    @torch.inference_mode()
+    def forward_with_features(
+        self, batch: ForwardBatch, kv: KVCache, feature_layers: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As forward, plus the features a feature-level drafter reads, for every new token:
+        logits [L, vocab] and features [T, len(feature_layers) * hidden] (see hidden_states)."""
+        hidden, features = self.hidden_states(batch, kv, feature_layers)
+        logits = self.logits(hidden.index_select(0, batch.logits_indices))
+        return logits, torch.cat(features, dim=-1)
+
+    def hidden_states(
+        self, batch: ForwardBatch, kv: KVCache, feature_layers: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final-normed hidden states [T, hidden] of every new token, and the residual stream
+        entering each layer in feature_layers ([T, hidden] each; index num_layers = after the
+        last layer, before the final norm), as EAGLE-3 reads its low, middle and high layers."""
+        self.check_feature_layers(feature_layers)
         layout = AttentionLayout.build(batch, self.windows, self.batch_invariant)
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim] each
         x = self.embed.index_select(0, batch.input_ids)  # [T, hidden]
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(
-                i, layer, rms_norm(x, layer.input_norm, self._eps), batch, kv, layout, cos, sin
-            )
+            if i in feature_layers:
+                captured[i] = x
+            normed = rms_norm(x, layer.input_norm, self._eps)
+            x = x + self_attention(self.config, i, layer, normed, batch, kv, layout, cos, sin)
             h = layer.gate_up(rms_norm(x, layer.post_norm, self._eps))  # [T, 2 * inter]
             gate, up = h.chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return rms_norm(x, self.final_norm, self._eps)
+        captured[len(self.layers)] = x
+        return rms_norm(x, self.final_norm, self._eps), [captured[i] for i in feature_layers]
+
+    def check_feature_layers(self, feature_layers: Sequence[int]) -> None:
+        """Feature layer ids must name residual streams this model has: 0..num_layers."""
+        bad = [i for i in feature_layers if not 0 <= i <= len(self.layers)]
+        if bad:
+            raise ValueError(
+                f"feature layers {bad} are outside 0..{len(self.layers)} (this model has "
+                f"{len(self.layers)} layers; {len(self.layers)} = the last layer's output)"
+            )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [L, hidden] -> logits [L, vocab] float32."""
@@ -112,35 +139,38 @@ class LlamaModel:
     def _eps(self) -> float:
         return self.config.rms_norm_eps
 
-    def _attention(
-        self,
-        index: int,
-        layer: DecoderLayer,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        kv: KVCache,
-        layout: AttentionLayout,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """Self-attention of one layer for x [T, hidden] -> [T, hidden]."""
-        c = self.config
-        num_tokens = x.shape[0]
-        qk_heads = c.num_heads + c.num_kv_heads
-        qkv = layer.qkv(x)  # [T, (H + 2 * KVH) * D]
-        qk = qkv[:, : qk_heads * c.head_dim].reshape(num_tokens, qk_heads, c.head_dim)
-        v = qkv[:, qk_heads * c.head_dim :].reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None and layer.k_norm is not None:
-            q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
-            qk = torch.cat(
-                [rms_norm(q, layer.q_norm, self._eps), rms_norm(k, layer.k_norm, self._eps)], 1
-            )
-        qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one pass
-        q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
-        kv.write(index, batch.slot_mapping, k, v)
-        if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
-            keys, values = kv.window(index, *layout.kv_range)  # [1, C, KVH, D] each
-        else:
-            keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
-        out = paged_attention(q, keys, values, layout, layer.window, self.scale)
-        return layer.o(out)
+
+def self_attention(
+    config: ModelConfig,
+    index: int,
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    batch: ForwardBatch,
+    kv: KVCache,
+    layout: AttentionLayout,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """Self-attention of layer `index` for its normed input x [T, in] -> [T, hidden]: project,
+    rotate, write the new keys/values into kv, attend over the paged cache, project back."""
+    c = config
+    num_tokens = x.shape[0]
+    qk_heads = c.num_heads + c.num_kv_heads
+    qkv = layer.qkv(x)  # [T, (H + 2 * KVH) * D]
+    qk = qkv[:, : qk_heads * c.head_dim].reshape(num_tokens, qk_heads, c.head_dim)
+    v = qkv[:, qk_heads * c.head_dim :].reshape(num_tokens, c.num_kv_heads, c.head_dim)
+    if layer.q_norm is not None and layer.k_norm is not None:
+        q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
+        qk = torch.cat(
+            [rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)],
+            1,
+        )
+    qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one pass
+    q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
+    kv.write(index, batch.slot_mapping, k, v)
+    if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
+        keys, values = kv.window(index, *layout.kv_range)  # [1, C, KVH, D] each
+    else:
+        keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
+    out = paged_attention(q, keys, values, layout, layer.window, c.head_dim**-0.5)
+    return layer.o(out)

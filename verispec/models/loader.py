@@ -72,6 +72,23 @@ def resolve_model_path(model: str | Path) -> Path:
     return _checkpoint_in(_download(text))
 
 
+def resolve_head_path(head: str | Path) -> Path:
+    """A drafter head's directory (config.json and *.safetensors, no tokenizer of its own):
+    a local directory, a named head shipped with verispec (models/hub.py), or a hub id."""
+    text = str(head)
+    if not text:
+        raise ValueError("a drafter head must be a directory or a name, got an empty string")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"drafter head directory {path} has no config.json")
+        return path
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise ValueError(f"drafter head {text!r} is not a directory (config.json + safetensors)")
+    named = named_model_path(text)
+    return named if named is not None else _download(text)
+
+
 def _checkpoint_in(path: Path) -> Path:
     """path if it is a Hugging Face checkpoint directory, else its only .gguf file."""
     if (path / "config.json").is_file():

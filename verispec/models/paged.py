@@ -29,8 +29,17 @@ class PagedModel:
 
     def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Logits [sum of num_logits, vocab] of one forward over every chunk."""
-        return self.model.forward(ForwardBatch.build(chunks, self.block_size, self.model.device),
-                                  self.kv)  # fmt: skip
+        return self.model.forward(self._batch(chunks), self.kv)
+
+    def forward_with_features(
+        self, chunks: Sequence[SeqChunk], feature_layers: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits as forward, and features [sum of new tokens, len(layers) * hidden] of every
+        new token in chunk order (LlamaModel.hidden_states says which residual streams)."""
+        return self.model.forward_with_features(self._batch(chunks), self.kv, feature_layers)
+
+    def _batch(self, chunks: Sequence[SeqChunk]) -> ForwardBatch:
+        return ForwardBatch.build(chunks, self.block_size, self.model.device)
 
 
 def append_chunk(

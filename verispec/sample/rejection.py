@@ -36,6 +36,13 @@ class Verdict:
     """Per request: its accepted drafts followed by one recovered or bonus token."""
     num_accepted: list[int]
     """Per request: how many of its drafts were accepted."""
+    paths: list[list[int]] | None = None
+    """Per request: the indices of its accepted drafts (a tree's accepted path); None = the
+    first num_accepted drafts (a chain)."""
+
+    def accepted_drafts(self, i: int) -> list[int]:
+        """Indices among request i's drafts of those accepted, in order."""
+        return self.paths[i] if self.paths is not None else list(range(self.num_accepted[i]))
 
 
 def verify(

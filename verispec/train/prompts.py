@@ -35,7 +35,7 @@ def code_completion_prompts(files: list[Path]) -> list[Prompt]:
     """
     prompts = []
     for path in files:
-        source = path.read_text(encoding="utf-8")
+        source = _source(path)
         lines = source.splitlines(keepends=True)
         for node in _documented_functions(source):
             text = "".join(lines[node.lineno - 1 : node.body[0].end_lineno]).rstrip("\n")
@@ -43,13 +43,27 @@ def code_completion_prompts(files: list[Path]) -> list[Prompt]:
     return prompts
 
 
+def _source(path: Path) -> str:
+    """A file's text; empty for one that is not valid UTF-8 (a few standard-library test
+    fixtures are not), which then yields no prompts."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _documented_functions(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    """Functions (and methods) with a docstring and more than the docstring, by line."""
+    """Functions (and methods) with a docstring and more than the docstring, by line; none
+    for a file Python cannot parse (the standard library has a few, e.g. with a BOM)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
     nodes = [
-        n for n in ast.walk(ast.parse(source))
+        n for n in ast.walk(tree)
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         and ast.get_docstring(n) is not None and len(n.body) > 1
     ]  # fmt: skip
@@ -74,7 +88,7 @@ def edit_prompts(files: list[Path]) -> list[Prompt]:
     """
     prompts = []
     for path in files:
-        source = path.read_text(encoding="utf-8")
+        source = _source(path)
         lines = source.splitlines(keepends=True)
         for node in _documented_functions(source):
             block = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno]))
@@ -95,7 +109,7 @@ def free_prompts(files: list[Path], lines_per_prompt: int = 12) -> list[Prompt]:
     first lines), to be continued freely (sampled at temperature 1.0 in the benchmark)."""
     prompts = []
     for path in files:
-        source = path.read_text(encoding="utf-8")
+        source = _source(path)
         lines = source.splitlines(keepends=True)
         starts = [1] + [n.lineno for n in ast.parse(source).body if isinstance(n, _DEFS)]
         for start in starts:

@@ -91,7 +91,7 @@ def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Te
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
 
 
-LossFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 def language_model_objective() -> LossFn:
@@ -118,7 +118,7 @@ def distillation_objective(teacher: torch.nn.Module) -> LossFn:
 
 def train(
     model: torch.nn.Module,
-    tokens: torch.Tensor,
+    data: torch.Tensor | Callable[[int], Any],
     config: TrainConfig,
     run_dir: Path,
     objective: LossFn,
@@ -126,7 +126,9 @@ def train(
     progress: bool = True,
     desc: str = "train",
 ) -> TrainState:
-    """Train `model` in place for config.steps steps, checkpointing into run_dir.
+    """Train `model` in place for config.steps steps, checkpointing into run_dir. data is a
+    token stream (random windows per step: batch_at) or a function step -> batch that, like
+    batch_at, returns the same batch for the same step.
 
     With resume=True an existing checkpoint is continued (its settings must match); without it an
     existing checkpoint is an error, so no run is overwritten by accident.
@@ -147,7 +149,7 @@ def train(
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = config.lr_at(state.step)
-        batch = batch_at(tokens, state.step, config)
+        batch = data(state.step) if callable(data) else batch_at(data, state.step, config)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = objective(model, batch)
         loss.backward()

@@ -1,0 +1,93 @@
+"""Chat instructions for self-distillation: sizes, distinct and disjoint splits, deterministic,
+none taken from the benchmark's held-out chat workload; rendered with a chat template."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import verispec
+from verispec.chat import chat_prompt
+from verispec.train.instructions import chat_instructions, chat_prompt_ids
+
+BENCH_CHAT = Path(verispec.__file__).parent / "bench" / "prompts" / "chat.jsonl"
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+def bench_prompts() -> list[str]:
+    rows = [json.loads(line) for line in BENCH_CHAT.read_text().splitlines() if line.strip()]
+    return [m["content"] for row in rows for m in row["messages"] if m["role"] == "user"]
+
+
+def test_splits_are_large_distinct_and_disjoint() -> None:
+    train, heldout = chat_instructions("train"), chat_instructions("heldout")
+    assert len(train) >= 2000 and len(heldout) == 64
+    assert len(set(train)) == len(train) and len(set(heldout)) == len(heldout)
+    assert not set(train) & set(heldout)
+    assert all(text.strip() == text and text for text in train + heldout)
+
+
+def test_lengths_vary_and_kinds_mix() -> None:
+    train = chat_instructions("train")
+    lengths = sorted(len(t) for t in train)
+    assert lengths[0] < 40 and lengths[-1] > 400
+    for marker in ("Python", "\n\n", "Summarise", "Translate", "poem", "email", "How do I"):
+        assert sum(marker in t for t in train) >= 20, marker
+    assert sum("Python" in t for t in chat_instructions("heldout")) >= 3
+
+
+def test_none_repeats_or_contains_a_benchmark_prompt() -> None:
+    bench = bench_prompts()
+    assert len(bench) >= 30
+    paragraphs = [p for b in bench for p in b.split("\n\n") if len(p) > 60]
+    for text in chat_instructions("train") + chat_instructions("heldout"):
+        assert not any(b in text for b in bench), text[:80]
+        assert not any(p in text for p in paragraphs), text[:80]
+        assert "Velmar" not in text
+
+
+def test_same_list_in_a_fresh_interpreter() -> None:
+    """No hash-seeded or random order: another process with another hash seed agrees."""
+    code = (
+        "import hashlib; from verispec.train.instructions import chat_instructions as c;"
+        "print(hashlib.sha256('\\x00'.join(c('train') + c('heldout')).encode()).hexdigest())"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    here = "\x00".join(chat_instructions("train") + chat_instructions("heldout"))
+    assert out.stdout.strip() == hashlib.sha256(here.encode()).hexdigest()
+
+
+def test_unknown_split_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match="unknown split 'test'; allowed: train, heldout"):
+        chat_instructions("test")
+
+
+def test_chat_prompt_ids_render_one_user_turn(tokenizer) -> None:
+    templated = copy.deepcopy(tokenizer)
+    templated.chat_template = TEMPLATE
+    texts = chat_instructions("heldout")[:3]
+    ids = chat_prompt_ids(templated, texts)
+    assert len(ids) == 3
+    for text, got in zip(texts, ids, strict=True):
+        assert got == chat_prompt(templated, [{"role": "user", "content": text}], "m")[1]
+        assert templated.decode(got).endswith("assistant:")
+        assert text.split()[0] in templated.decode(got)
+
+
+def test_chat_prompt_ids_need_a_chat_template(tokenizer) -> None:
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    with pytest.raises(ValueError, match="has no chat template"):
+        chat_prompt_ids(plain, ["Hello"])

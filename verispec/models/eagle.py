@@ -1,0 +1,273 @@
+"""EagleHead: an EAGLE-3 style draft head (one decoder layer over the target's own features).
+
+Checkpoint format (a directory, the layout vLLM and SGLang read for EAGLE-3 heads):
+config.json with `architectures: ["LlamaForCausalLMEagle3"]`, the layer's Llama shapes
+(hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
+rms_norm_eps, rope_theta, max_position_embeddings), `vocab_size` (the target's),
+`draft_vocab_size`, and `eagle_config.eagle_aux_hidden_state_layer_ids` (the target layers whose
+input residual stream is fused; see LlamaModel.hidden_states); and model.safetensors with
+`fc.weight` [hidden, n_features * hidden], `midlayer.{input_layernorm,hidden_norm,
+post_attention_layernorm}.weight`, `midlayer.self_attn.{q,k,v,o}_proj.weight` (q/k/v read
+2 * hidden inputs: the normed token embedding, then the normed feature), `midlayer.mlp.
+{gate,up,down}_proj.weight`, `norm.weight`, `lm_head.weight` [draft_vocab_size, hidden] and
+`d2t` [draft_vocab_size] (target id = draft id + d2t[draft id]). Token embeddings are the
+target's own (frozen), so the head never stores them.
+
+One head step for row r (token x_{r+1} at rotary position r, feature f):
+  e = norm(embed(x_{r+1})); h = norm(f); a = attention(concat(e, h)); y = f + a;
+  out = y + mlp(norm(y)); logits = lm_head(norm(out)) predicts x_{r+2}.
+f is fc(target features of position r) when they are known, else the head's own `out` of the
+row before (drafting deeper than the target has seen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from verispec.batch import ForwardBatch
+from verispec.kv.cache import KVCache
+from verispec.models.attention import AttentionLayout
+from verispec.models.config import ModelConfig
+from verispec.models.head_files import read_head_dir, write_head_dir
+from verispec.models.linear import Linear
+from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
+from verispec.models.rope import inverse_frequencies, rope_cos_sin
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass(slots=True)
+class EagleConfig:
+    """Shapes of one EAGLE-3 head and the target layers it reads."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    """The target's vocabulary (ids the head's tokens come from)."""
+    draft_vocab_size: int
+    """Rows of the head's own LM head (the target's most frequent tokens)."""
+    feature_layers: tuple[int, ...]
+    """Target residual streams fused by fc (LlamaModel.hidden_states numbering)."""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def for_target(
+        cls, target: ModelConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None
+    ) -> EagleConfig:
+        """A head shaped like one of the target's layers; features by default from a low, a
+        middle and a high layer, as EAGLE-3 (e.g. 30 layers -> 2, 15, 27)."""
+        n = target.num_layers
+        layers = feature_layers or (min(2, n), n // 2, max(n - 3, 0))
+        return cls(
+            hidden_size=target.hidden_size, num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size, vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size, feature_layers=tuple(layers),
+            rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+            max_position_embeddings=target.max_position_embeddings,
+        )  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> EagleConfig:
+        """Parse config.json; ValueError when it is not an EAGLE-3 head."""
+        if ARCHITECTURE not in (cfg.get("architectures") or []):
+            raise ValueError(
+                f"not an EAGLE-3 head: config.json architectures must include {ARCHITECTURE!r}, "
+                f"got {cfg.get('architectures')!r}"
+            )
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        layers = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if not layers:
+            raise ValueError("EAGLE-3 config lacks eagle_config.eagle_aux_hidden_state_layer_ids")
+        return cls(
+            hidden_size=hidden, num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+            draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
+            feature_layers=tuple(int(i) for i in layers),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json contents (the inverse of from_dict)."""
+        d = asdict(self)
+        return {
+            "architectures": [ARCHITECTURE], "model_type": "llama",
+            "hidden_size": d["hidden_size"], "num_attention_heads": d["num_heads"],
+            "num_key_value_heads": d["num_kv_heads"], "head_dim": d["head_dim"],
+            "intermediate_size": d["intermediate_size"], "num_hidden_layers": 1,
+            "vocab_size": d["vocab_size"], "draft_vocab_size": d["draft_vocab_size"],
+            "rms_norm_eps": d["rms_norm_eps"], "rope_theta": d["rope_theta"],
+            "max_position_embeddings": d["max_position_embeddings"],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.feature_layers)},
+        }  # fmt: skip
+
+    def layer_config(self) -> ModelConfig:
+        """The head's one decoder layer as a ModelConfig (what attention reads)."""
+        return ModelConfig(
+            architecture="LlamaForCausalLM", vocab_size=self.draft_vocab_size,
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_layers=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, rope_theta=self.rope_theta,
+        )  # fmt: skip
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the checkpoint and its shape."""
+        h, d = self.hidden_size, self.head_dim
+        m = "midlayer."
+        return {
+            "fc.weight": (h, len(self.feature_layers) * h),
+            f"{m}input_layernorm.weight": (h,), f"{m}hidden_norm.weight": (h,),
+            f"{m}post_attention_layernorm.weight": (h,),
+            f"{m}self_attn.q_proj.weight": (self.num_heads * d, 2 * h),
+            f"{m}self_attn.k_proj.weight": (self.num_kv_heads * d, 2 * h),
+            f"{m}self_attn.v_proj.weight": (self.num_kv_heads * d, 2 * h),
+            f"{m}self_attn.o_proj.weight": (h, self.num_heads * d),
+            f"{m}mlp.gate_proj.weight": (self.intermediate_size, h),
+            f"{m}mlp.up_proj.weight": (self.intermediate_size, h),
+            f"{m}mlp.down_proj.weight": (h, self.intermediate_size),
+            "norm.weight": (h,), "lm_head.weight": (self.draft_vocab_size, h),
+            "d2t": (self.draft_vocab_size,),
+        }  # fmt: skip
+
+
+class EagleHead:
+    """Inference-time head: frozen weights, the target's embedding, a one-layer paged KV cache."""
+
+    def __init__(
+        self,
+        config: EagleConfig,
+        weights: dict[str, torch.Tensor],
+        target: LlamaModel,
+        backend: str,
+        batch_invariant: bool = False,
+        quantization: str | None = None,
+    ) -> None:
+        check_head_fits(config, target)
+        self.config = config
+        self.layer_config = config.layer_config()
+        self.batch_invariant = batch_invariant
+        self.embed = target.embed  # [vocab, hidden], shared with the target
+        self.dtype, self.device = target.dtype, target.device
+        w = {k: v.to(self.device) for k, v in weights.items()}
+        floats = {k: v.to(self.dtype) for k, v in w.items() if k != "d2t"}
+
+        def linear(name: str) -> Linear:
+            return make_linear(floats[name])
+
+        def make_linear(weight: torch.Tensor) -> Linear:
+            return Linear(weight, None, backend, batch_invariant, quantization)
+
+        m = "midlayer."
+        qkv = torch.cat([floats[f"{m}self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = torch.cat([floats[f"{m}mlp.gate_proj.weight"], floats[f"{m}mlp.up_proj.weight"]])
+        self.fc = linear("fc.weight")
+        self.hidden_norm = floats[f"{m}hidden_norm.weight"]
+        self.layer = DecoderLayer(
+            input_norm=floats[f"{m}input_layernorm.weight"],
+            qkv=make_linear(qkv), q_norm=None, k_norm=None,
+            o=linear(f"{m}self_attn.o_proj.weight"),
+            post_norm=floats[f"{m}post_attention_layernorm.weight"],
+            gate_up=make_linear(gate_up),
+            down=linear(f"{m}mlp.down_proj.weight"), window=None,
+        )  # fmt: skip
+        self.norm = floats["norm.weight"]
+        self.lm_head = linear("lm_head.weight")
+        offsets = w["d2t"].to(torch.int64)  # [draft vocab]
+        self.draft_to_target = torch.arange(len(offsets), device=self.device) + offsets
+        """[draft vocab] int64: the target id of each draft id."""
+        check_draft_ids(self.draft_to_target, config.vocab_size)
+        self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, None).to(
+            self.device
+        )
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.config.feature_layers
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        c = self.config
+        return KVCache(1, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype,
+                       self.device)  # fmt: skip
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [n, n_layers * hidden] -> the head's input feature [n, hidden]."""
+        return self.fc(features.to(self.dtype))
+
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, kv: KVCache, feature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head step over a ragged batch; feature [T, hidden] per row (fused target
+        features or the head's own output). Returns out [T, hidden] (the next rows' feature)
+        and draft logits [L, draft vocab] float32 for batch.logits_indices."""
+        eps = self.config.rms_norm_eps
+        layout = AttentionLayout.build(batch, {None}, self.batch_invariant)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim]
+        e = rms_norm(self.embed.index_select(0, batch.input_ids), self.layer.input_norm, eps)
+        x = torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)  # [T, 2 * hidden]
+        y = feature + self_attention(self.layer_config, 0, self.layer, x, batch, kv, layout,
+                                     cos, sin)  # fmt: skip
+        gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
+        out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
+        rows = out.index_select(0, batch.logits_indices)
+        return out, self.lm_head(rms_norm(rows, self.norm, eps)).float()
+
+
+def check_head_fits(config: EagleConfig, target: LlamaModel) -> None:
+    """A head must match the target's hidden size and vocabulary, and read layers it has."""
+    t = target.config
+    if config.hidden_size != t.hidden_size or config.vocab_size != t.vocab_size:
+        raise ValueError(
+            f"EAGLE head (hidden {config.hidden_size}, vocab {config.vocab_size}) does not fit "
+            f"the target (hidden {t.hidden_size}, vocab {t.vocab_size}): train a head for it"
+        )
+    target.check_feature_layers(config.feature_layers)
+
+
+def check_draft_ids(draft_to_target: torch.Tensor, vocab_size: int) -> None:
+    """d2t must map every draft id to a distinct target id."""
+    ids = draft_to_target
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size})")
+    if ids.unique().numel() != ids.numel():
+        raise ValueError("d2t maps two draft ids to the same target id")
+
+
+def load_eagle_head(
+    path: Path,
+    target: LlamaModel,
+    backend: str,
+    batch_invariant: bool = False,
+    quantization: str | None = None,
+) -> EagleHead:
+    """Read a head directory (config.json + *.safetensors) for `target`."""
+
+    def parse(raw: dict[str, Any]) -> tuple[EagleConfig, dict[str, tuple[int, ...]]]:
+        config = EagleConfig.from_dict(raw)
+        return config, config.tensor_shapes()
+
+    config, weights = read_head_dir(path, "EAGLE head", parse)
+    return EagleHead(config, weights, target, backend, batch_invariant, quantization)
+
+
+def save_eagle_head(
+    config: EagleConfig, tensors: dict[str, torch.Tensor], path: Path,
+    dtype: torch.dtype = torch.float16,
+) -> None:  # fmt: skip
+    """Write a head directory: config.json and model.safetensors (floats in dtype, d2t int64)."""
+    write_head_dir(config.to_dict(), tensors, config.tensor_shapes(), path, dtype)
