@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from verispec.drafters.registry import DEFAULT_METHOD, MODEL_FREE_METHOD, method
+from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD, method
+from verispec.models.default import shipped_head
 from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
 from verispec.models.linear import LinearBackend
 from verispec.models.quantization import check_quantization
@@ -109,7 +110,8 @@ class SpecConfig:
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
     num_speculative_tokens tokens."""
     tree_depth: int | None = None
-    """Methods that draft trees: levels of the tree (default 6 when tree_topk >= 2)."""
+    """Methods that draft trees: levels of the tree (default 6 when tree_topk >= 2; Medusa
+    drafts at most one level per head, so it cuts deeper trees and chains to its heads)."""
 
     def __post_init__(self) -> None:
         traits = method(self.method)  # ValueError listing the methods for an unknown name
@@ -172,11 +174,16 @@ class SpecConfig:
 
 def default_speculative(model: str | None) -> SpecConfig | None:
     """What speculative="auto" means. A named model (None = the default model) drafts with its
-    trained draft when it has one, else with prompt lookup (no weights); any other model
-    decodes plainly unless asked."""
+    shipped EAGLE head when it has one (with the tree settings the head was tuned with), else
+    its trained draft model, else prompt lookup (no weights); any other model decodes plainly
+    unless asked."""
     named = NAMED_MODELS.get(model or DEFAULT_MODEL)
     if named is None:
         return None
+    head = shipped_head(named.head) if named.head is not None else None
+    if head is not None:
+        path, settings = head
+        return SpecConfig(method=HEAD_METHOD, model=str(path), **settings)
     if named.draft is not None:
         return SpecConfig(method=DEFAULT_METHOD, model=named.draft)
     return SpecConfig(method=MODEL_FREE_METHOD)

@@ -74,6 +74,7 @@ class EagleProposer:
         tree_depth: int,
         target: TargetInfo,
     ) -> None:
+        check_topk(tree_topk, head.config.draft_vocab_size)
         self.head = head
         self.target = target
         self.topk = tree_topk
@@ -287,6 +288,13 @@ class EagleProposer:
                 mask[row, where[a]] = True
                 a = nodes[a].parent
         return mask
+
+
+def check_topk(topk: int, draft_vocab_size: int) -> None:
+    """A node cannot have more children than the head has tokens."""
+    if topk > draft_vocab_size:
+        raise ValueError(f"tree_topk {topk} exceeds the head's draft vocabulary "
+                         f"({draft_vocab_size} tokens)")  # fmt: skip
 
 
 def _rerank(nodes: list[_Node], budget: int) -> DraftTree:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.drafters.eagle import check_topk
 from verispec.drafters.proposer import Drafts
 from verispec.models.medusa import MedusaHeads
 from verispec.request import Request
@@ -57,8 +58,10 @@ class MedusaProposer:
     """Drafts a static tree per request from its last verified position's hidden state."""
 
     def __init__(self, heads: MedusaHeads, budget: int, topk: int, depth: int) -> None:
+        check_topk(topk, heads.config.draft_vocab_size)
         self.heads = heads
         self.depth = min(depth, heads.config.num_heads)
+        """Levels drafted: one per head at most (a deeper tree_depth is cut to the heads)."""
         self.topk = topk
         self.budget = budget
         self.paths = static_tree(topk, self.depth, budget)

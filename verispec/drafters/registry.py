@@ -79,6 +79,9 @@ PLAIN = "none"
 DEFAULT_METHOD = "draft_model"
 """SpecConfig's method when none is given, and the one a model with a trained draft uses."""
 
+HEAD_METHOD = "eagle"
+"""The drafter of a named model that ships a trained head (models/embedded/heads/)."""
+
 MODEL_FREE_METHOD = "ngram"
 """The drafter for a model that has no trained drafter (needs no weights at all)."""
 

@@ -9,7 +9,9 @@ Loading upcasts them to the runtime's dtype (float32 on CPU).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 EMBEDDED_MODELS = ("target", "draft")
@@ -28,3 +30,17 @@ def embedded_model_path(which: str = "target") -> Path:
             "with `verispec train all --out RUN` and copy RUN/export/{target,draft} there"
         )
     return path
+
+
+HEADS_DIR = EMBEDDED_DIR / "heads"
+"""Drafter heads trained by verispec for its named models (`verispec train eagle`)."""
+
+
+def shipped_head(name: str) -> tuple[Path, dict[str, Any]] | None:
+    """A shipped head's directory and the speculative settings it was tuned with (config.json
+    "verispec_speculative": SpecConfig fields, e.g. tree_topk); None when it is not shipped."""
+    path = HEADS_DIR / name
+    if not (path / "config.json").is_file():
+        return None
+    settings = json.loads((path / "config.json").read_text()).get("verispec_speculative", {})
+    return path, dict(settings)

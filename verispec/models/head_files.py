@@ -4,6 +4,7 @@ with every tensor's shape checked against the config."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,14 @@ from safetensors.torch import load_file, save_file
 
 
 def read_head_dir(
-    path: Path, what: str, shapes_of: Any, defaults: dict[str, torch.Tensor] | None = None
+    path: Path,
+    what: str,
+    shapes_of: Callable[[dict[str, Any]], tuple[Any, dict[str, tuple[int, ...]]]],
+    defaults: Callable[[Any], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[Any, dict[str, torch.Tensor]]:
     """(config, weights) of a head directory. shapes_of(config dict) -> (parsed config,
-    {tensor name: shape}); defaults fill optional tensors; ValueError naming `what` for a
-    missing config.json, a missing tensor or a shape the config does not imply."""
+    {tensor name: shape}); defaults(parsed config) fills optional tensors; ValueError naming
+    `what` for a missing config.json, a missing tensor or a shape the config does not imply."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{what} directory {path} has no config.json")
@@ -25,7 +29,7 @@ def read_head_dir(
     except ValueError as e:
         raise ValueError(f"{what} config {config_file} is not valid JSON ({e})") from e
     config, shapes = shapes_of(raw)
-    weights: dict[str, torch.Tensor] = dict(defaults or {})
+    weights: dict[str, torch.Tensor] = defaults(config) if defaults is not None else {}
     for file in sorted(path.glob("*.safetensors")):
         weights.update(load_file(str(file)))
     for name, shape in shapes.items():

@@ -51,6 +51,9 @@ class NamedModel:
     """Which embedded checkpoint ("target" or "draft") when the model ships inside verispec."""
     draft: str | None = None
     """The named draft model trained for it, if any (its default drafter)."""
+    head: str | None = None
+    """The EAGLE head trained for it (a directory in models/embedded/heads/), its default
+    drafter when shipped."""
 
 
 NAMED_MODELS = MappingProxyType({
@@ -63,10 +66,11 @@ NAMED_MODELS = MappingProxyType({
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             download_mb=93,
         ),
+        head="smollm2-135m-instruct-eagle",
     ),
     "embedded-code": NamedModel(
         description="verispec's own 22M Python-code model, trained on the standard library",
-        embedded="target", draft="embedded-code-draft",
+        embedded="target", draft="embedded-code-draft", head="embedded-code-eagle",
     ),
     "embedded-code-draft": NamedModel(
         description="the 10M draft distilled from embedded-code", embedded="draft",

@@ -13,7 +13,6 @@ id = draft id + d2t[draft id]) when the draft vocabulary is reduced.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,17 +117,11 @@ def load_medusa_heads(
         config = MedusaConfig.from_dict(raw)
         return config, config.tensor_shapes()
 
-    vocab = MedusaConfig.from_dict(_raw_config(path)).draft_vocab_size
-    defaults = {"d2t": torch.zeros(vocab, dtype=torch.int64)}
-    config, weights = read_head_dir(path, "Medusa checkpoint", parse, defaults)
+    def no_reduction(config: MedusaConfig) -> dict[str, torch.Tensor]:
+        return {"d2t": torch.zeros(config.draft_vocab_size, dtype=torch.int64)}
+
+    config, weights = read_head_dir(path, "Medusa checkpoint", parse, no_reduction)
     return MedusaHeads(config, weights, target, backend, batch_invariant, quantization)
-
-
-def _raw_config(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"Medusa directory {path} has no readable config.json ({e})") from e
 
 
 def save_medusa_heads(
