@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import verispec
-from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES
+from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES, default_speculative
 from verispec.drafters.registry import method_names, takes_model
+from verispec.models import default as default_models
 
 
 def test_public_import_and_defaults() -> None:
@@ -145,3 +148,18 @@ def test_tree_options_must_be_integers_of_at_least_one(option: str, value: objec
     extra = {"tree_topk": 2} if option == "tree_depth" else {}
     with pytest.raises(ValueError, match=f"{option} must be an integer >= 1, got {value!r}"):
         verispec.SpecConfig(method="eagle", model="/head", **{option: value, **extra})
+
+
+def test_auto_uses_a_shipped_head_with_its_tuned_tree(monkeypatch, tmp_path) -> None:
+    """A named model whose EAGLE head ships drafts with it, with the settings stored beside it
+    (models/embedded/heads/NAME/config.json "verispec_speculative")."""
+    head = tmp_path / "embedded-code-eagle"
+    head.mkdir()
+    tuned = {"num_speculative_tokens": 12, "tree_topk": 3, "tree_depth": 5}
+    (head / "config.json").write_text(json.dumps({"verispec_speculative": tuned}))
+    monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path)
+    assert default_speculative("embedded-code") == verispec.SpecConfig(
+        method="eagle", model=str(head), **tuned
+    )
+    monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path / "none")
+    assert default_speculative("embedded-code").method == "draft_model"
