@@ -2,14 +2,18 @@
 
 Target and drafter both go through `warp`, so p and q are warped identically (docs/design.md, 3).
 Every step is a batched tensor op; python flags on `SamplingTensors` skip steps no row needs,
-so the hot path never reads a value back from the device.
+so on an accelerator the hot path never reads a value back from the device. On the CPU, where
+reading back is free, top-k/top-p avoid the full argsort instead (`_truncate_cpu`), with the
+very same result.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from verispec.sampling_params import SamplingParams
@@ -18,6 +22,13 @@ from verispec.sampling_params import SamplingParams
 # top-p ("mass >= top_p") and min-p ("p >= min_p * max p") get this slack: probs
 # [0.5, 0.3, 0.15, 0.05] keep exactly two tokens with top_p=0.8 and four with min_p=0.1.
 _BOUNDARY_TOL = 1e-6
+
+_TOPK_MAX = 256
+"""Largest top-k the CPU path serves with torch.topk; beyond it a full values sort costs less."""
+
+_CHUNK_ROWS = 4
+"""Rows the CPU path takes through its vocab-wide passes at once: ~3 MB of temporaries, which
+stay in cache (32 rows at once spill to memory and take ~1.5x as long)."""
 
 
 @dataclass(slots=True)
@@ -154,19 +165,152 @@ def _truncate_sorted(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     Top-k keeps exactly k tokens. Top-p keeps the smallest prefix of the sorted top-k survivors
     whose renormalised mass reaches top_p: a token stays while the mass strictly above it is
     below top_p. Example: p = [0.5, 0.3, 0.15, 0.05], top_p = 0.8 keeps 2, top_p = 0.81 keeps 3.
+    Accelerators run this (their sorts are fast, and it never syncs); CPUs run `_truncate_cpu`.
     """
     vocab = logits.shape[1]
     sorted_logits, order = torch.sort(logits, dim=1, descending=True, stable=True)  # [n, vocab]
-    rank = torch.arange(vocab, device=logits.device)  # [vocab]
-    remove = rank.unsqueeze(0) >= t.top_k.unsqueeze(1)  # [n, vocab] in sorted order
-    if t.need_top_p:
-        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=1)  # [n, vocab]
-        mass_above = probs.cumsum(dim=1) - probs  # [n, vocab] mass of the tokens ranked higher
-        over = mass_above >= (t.top_p - _BOUNDARY_TOL).unsqueeze(1)
-        over[:, 0] = False  # the most probable token always stays
-        remove |= over & (t.top_p < 1.0).unsqueeze(1)  # rows with top_p = 1 keep everything
+    remove = ~_kept_positions(sorted_logits, t.top_k, t.top_p, vocab, t.need_top_k, t.need_top_p)
     remove = remove.scatter(1, order, remove)  # back to token order
     return logits.masked_fill(remove, float("-inf"))
+
+
+def _kept_positions(
+    head: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    vocab: int,
+    need_top_k: bool,
+    need_top_p: bool,
+) -> torch.Tensor:
+    """[m, h] True where position r of the stable descending order survives top-k and top-p,
+    from `head` [m, h]: the h >= max(top_k) largest values of each row, descending; the flags
+    say whether some row has a top-k below h or a top-p below 1 (python flags: no sync).
+
+    Only values matter, never which of several tied tokens sits where: top-p's softmax runs
+    over the same vocab-wide sorted row as with a full sort (positions >= h are -inf, as every
+    position >= top_k is), so each float op, and thus each decision, is the same bit for bit.
+    """
+    h = head.shape[1]
+    keep = torch.ones_like(head, dtype=torch.bool)  # [m, h]
+    if need_top_k:
+        keep = torch.arange(h, device=head.device).unsqueeze(0) < top_k.unsqueeze(1)
+        head = head.masked_fill(~keep, float("-inf"))
+    if need_top_p:
+        row = head if h == vocab else torch.nn.functional.pad(head, (0, vocab - h), value=-math.inf)
+        probs = row.softmax(dim=1)  # [m, vocab]
+        mass_above = probs.cumsum(dim=1).sub_(probs)[:, :h]  # [m, h] mass ranked higher
+        # rows with top_p = 1 keep everything: no mass reaches an infinite threshold
+        threshold = torch.where(top_p < 1.0, top_p - _BOUNDARY_TOL, math.inf)  # [m]
+        over = mass_above >= threshold.unsqueeze(1)  # [m, h]
+        over[:, 0] = False  # the most probable token always stays
+        keep = keep.logical_and_(over.logical_not_()) if need_top_k else over.logical_not_()
+    return keep
+
+
+def _truncate_cpu(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """`_truncate_sorted`'s result, bit for bit, without its stable argsort of [n, vocab].
+
+    Only truncating rows are touched; `_kept_ids` finds the tokens each of them keeps.
+    """
+    vocab = x.shape[1]
+    ks, ps = t.top_k.tolist(), t.top_p.tolist()
+    rows = [i for i, (k, p) in enumerate(zip(ks, ps, strict=True)) if k < vocab or p < 1.0]
+    if not rows:
+        return x
+    if len(rows) == len(x):
+        xs, top_k, top_p, out = x, t.top_k, t.top_p, torch.full_like(x, -math.inf)
+    else:
+        index = torch.tensor(rows, device=x.device)  # [m] the truncating rows
+        xs, top_k, top_p = x[index], t.top_k[index], t.top_p[index]  # [m, vocab], [m], [m]
+        out = x.index_fill(0, index, -math.inf)
+    kept = _kept_ids(xs, top_k, top_p, t.need_top_p, max(ks[i] for i in rows))
+    if kept is None:  # NaN logits: leave them to the sort path, NaN and all
+        return _truncate_sorted(x, t)
+    out_np, x_np = out.detach().numpy(), xs.detach().numpy()  # share memory: writes go to out
+    for i, (row, tokens) in enumerate(zip(rows, kept, strict=True)):
+        out_np[row, tokens] = x_np[i, tokens]
+    return out
+
+
+def _kept_ids(
+    xs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, need_top_p: bool, h: int
+) -> list[np.ndarray] | None:
+    """The token ids each row of xs [m, vocab] keeps (None if a row holds NaN); h = max top_k.
+
+    `_kept_positions` needs the rows' largest values alone: torch.topk when h <= _TOPK_MAX,
+    else numpy's vectorised sort of the values (~20x faster than torch's argsort). It runs on
+    _CHUNK_ROWS rows at a time, so its vocab-wide passes stay in cache; `_kept_tokens` then
+    maps each row's kept positions to token ids.
+    """
+    vocab = xs.shape[1]
+    width = h if h <= _TOPK_MAX and h < vocab else vocab  # columns of each row's head
+    candidates: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(xs)
+    if width < vocab:
+        heads, ids = torch.topk(xs, h + 1, dim=1)  # [m, h + 1] descending, ties in any order
+        candidates = list(zip(heads.numpy(), ids.numpy(), strict=True))
+        largest = heads[:, 0]  # [m]
+    else:
+        heads = torch.from_numpy(_sorted_values(xs))  # [m, vocab] ascending
+        largest = heads[:, -1]  # [m]
+    if bool(largest.isnan().any()):  # NaN ranks above every number
+        return None
+    need_top_k = int(top_k.min()) < width  # some row cuts inside the head
+    x_np, kept = xs.detach().numpy(), []
+    for start in range(0, len(xs), _CHUNK_ROWS):
+        part = slice(start, start + _CHUNK_ROWS)
+        head = heads[part, :h] if width < vocab else heads[part].flip(1)  # [c, width] descending
+        keep = _kept_positions(head, top_k[part], top_p[part], vocab, need_top_k, need_top_p)
+        for i, (head_i, keep_i) in enumerate(zip(head.numpy(), keep.numpy(), strict=True)):
+            kept.append(_kept_tokens(x_np[start + i], head_i, keep_i, candidates[start + i]))
+    return kept
+
+
+def _kept_tokens(
+    row: np.ndarray,
+    head: np.ndarray,
+    keep: np.ndarray,
+    candidates: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """Token ids of the kept positions `keep` [h] of one row [vocab] whose largest values,
+    descending, are `head` [h]; `candidates` (values, ids) [h + 1] are torch.topk's, if any.
+
+    Position p holds the p-th token of the stable descending order of any set that contains
+    every token down to the last kept value with its whole tie group: topk's, unless a tie
+    runs past it, else all tokens >= that value. -inf tokens stay -inf: none are returned.
+    >>> row = np.array([1.0, 3.0, 2.0, 3.0], dtype=np.float32)
+    >>> _kept_tokens(row, np.sort(row)[::-1], np.array([True, False, True, False]), None)
+    array([1, 2])
+    """
+    pos = np.flatnonzero(keep & (head > -np.inf))  # [k] kept positions, ascending
+    if len(pos) == 0:
+        return pos
+    bound = head[pos[-1]]
+    if candidates is None or bound <= candidates[0][-1]:  # topk may have cut a tie group
+        ids = np.flatnonzero(row >= bound)  # [c] whole tie groups, ascending ids
+        candidates = row[ids], ids
+    return _stable_ids(*candidates)[pos]
+
+
+def _stable_ids(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """ids [c] (distinct) ordered by values [c] descending, ties by ascending id, as a stable
+    sort orders them: one numpy sort of unique int64 keys (value rank, id).
+
+    >>> values = np.array([3.0, -0.0, 3.0, 0.0], dtype=np.float32)
+    >>> _stable_ids(values, np.array([4, 1, 0, 2])).tolist()
+    [0, 4, 1, 2]
+    """
+    bits = (values + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 becomes 0.0
+    rank = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # integer order = float order
+    return np.sort(rank * -(1 << 32) + ids) & 0xFFFFFFFF  # keys: value descending, then id
+
+
+def _sorted_values(xs: torch.Tensor) -> np.ndarray:
+    """[m, vocab] each row of xs [m, vocab] sorted ascending: values only, so no argsort.
+
+    >>> _sorted_values(torch.tensor([[1.0, 3.0, 2.0, 3.0]])).tolist()
+    [[1.0, 2.0, 3.0, 3.0]]
+    """
+    return np.sort(xs.detach().numpy(), axis=1)
 
 
 def warp(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -185,7 +329,7 @@ def warp(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
             return greedy_p
     x = x / t.temperature.unsqueeze(1)
     if t.need_top_k or t.need_top_p:
-        x = _truncate_sorted(x, t)
+        x = _truncate_cpu(x, t) if x.device.type == "cpu" else _truncate_sorted(x, t)
     if t.need_min_p:
         probs = x.softmax(dim=1)  # [n, vocab]
         floor = (t.min_p - _BOUNDARY_TOL).unsqueeze(1) * probs.amax(dim=1, keepdim=True)  # [n, 1]
