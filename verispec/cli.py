@@ -10,7 +10,7 @@ from typing import Any
 
 from verispec.bench.harness import ENGINES
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
-from verispec.drafters.registry import PLAIN, method_names, takes_model
+from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
 from verispec.models.hub import model_names, pull
 
 EXIT_BAD_INPUT = 2
@@ -106,8 +106,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser(
         "train", help="train the embedded models, or an EAGLE head for any target",
         description="STAGE of the embedded pair's recipe (tokenizer, target, draft distilled "
-        "from the target, export, eval; 'all' in order), or 'eagle' / 'medusa': a drafter head "
-        "for --target trained on the target's own responses (data, train, export; resumable).",
+        f"from the target, export, eval; 'all' in order), or {' / '.join(HEAD_KINDS)}: a "
+        "drafter head for --target trained on the target's own responses (data, train, "
+        "export; resumable).",
     )  # fmt: skip
     train.add_argument("stage", choices=(*STAGES, "all", *HEAD_KINDS),
                        help="stage to run ('all': in order; eagle, medusa: a head)")  # fmt: skip
@@ -169,7 +170,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = head_method_names()  # verispec train eagle|medusa: a head of that method
 HEAD_OPTIONS = ("target", "prompts", "num_prompts", "max_tokens", "steps", "draft_vocab")
 
 

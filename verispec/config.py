@@ -120,9 +120,10 @@ class SpecConfig:
         k = self.num_speculative_tokens
         limit = MAX_TREE_NODES if (self.tree_topk or 1) > 1 else MAX_SPECULATIVE_TOKENS
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
+            trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if traits.takes_tree else ""
             raise ValueError(
-                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
-                f"(a tree's node budget: [1, {MAX_TREE_NODES}]), got {k!r}"
+                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]"
+                f"{trees}, got {k!r}"
             )
         if traits.takes_model and not self.model:
             raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub "

@@ -108,7 +108,7 @@ def test_head_row_r_is_scored_on_the_distribution_of_token_r_plus_2() -> None:
 def test_recipe_validation() -> None:
     with pytest.raises(ValueError, match="prompts must be chat or code, got 'poems'"):
         HeadRecipe(target="t", prompts="poems")
-    with pytest.raises(ValueError, match="kind must be eagle or medusa, got 'hydra'"):
+    with pytest.raises(ValueError, match="kind must be one of eagle, medusa, got 'hydra'"):
         HeadRecipe(target="t", kind="hydra")
     recipe = HeadRecipe(target="t", feature_layers=[0, 2], train={"steps": 5, "seq_len": 64})
     assert recipe.feature_layers == (0, 2)

@@ -77,8 +77,8 @@ class HeadRecipe:
     def __post_init__(self) -> None:
         if self.prompts not in ("chat", "code"):
             raise ValueError(f"prompts must be chat or code, got {self.prompts!r}")
-        if self.kind not in ("eagle", "medusa"):
-            raise ValueError(f"kind must be eagle or medusa, got {self.kind!r}")
+        if self.kind not in SAVERS:
+            raise ValueError(f"kind must be one of {', '.join(SAVERS)}, got {self.kind!r}")
         if isinstance(self.train, dict):
             self.train = TrainConfig(**self.train)
         if self.feature_layers is not None:
