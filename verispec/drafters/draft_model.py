@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.drafters.proposer import Drafts, TargetInfo
+from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.models.paged import PagedModel, append_chunk
-from verispec.request import Request, sampling_tensors
-from verispec.sample import sample, warp
+from verispec.request import Request
 from verispec.tokenizer import Tokenizer
 
 
@@ -92,44 +91,15 @@ class DraftModelProposer:
             if d:
                 state = self.states[r.request_id]
                 state.base, state.drafts = r.all_token_ids, d[:-1]
-        return Drafts(token_ids=drafts, probs=self._stack_q(drafts, probs))
-
-    def _stack_q(
-        self, drafts: list[list[int]], probs: list[list[torch.Tensor | None]]
-    ) -> torch.Tensor | None:
-        """[total drafts, vocab] q rows in request order, or None when every row is one-hot."""
-        flat = [
-            (d, p)
-            for ds, ps in zip(drafts, probs, strict=True)
-            for d, p in zip(ds, ps, strict=True)
-        ]
-        if all(p is None for _, p in flat):
-            return None
-        vocab = self.target.vocab_size
-        one_hot = torch.zeros(vocab, device=self.model.device)
-        return torch.stack(
-            [
-                p
-                if p is not None
-                else one_hot.index_fill(0, torch.tensor(d, device=one_hot.device), 1.0)
-                for d, p in flat
-            ]
-        )
+        q_rows = stack_draft_probs(drafts, probs, self.target.vocab_size, self.model.device)
+        return Drafts(token_ids=drafts, probs=q_rows)
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
     ) -> tuple[torch.Tensor | None, list[int]]:
-        """q [n, target vocab] after the request's own warping, and one draft token per row;
-        q is None when every row is greedy (one-hot at the argmax, which verify implies)."""
+        """q [n, target vocab] after the request's own warping, and one draft token per row."""
         logits = _match_vocab(logits, self.target.vocab_size)
-        if all(r.params.greedy and not r.params.needs_penalties for r in requests):
-            return None, logits.argmax(dim=1).tolist()
-        t = sampling_tensors(
-            list(zip(requests, drafts, strict=True)), self.target.vocab_size, logits.device
-        )
-        q = warp(logits, t)  # [n, vocab]
-        tokens = sample(q, [r.generator for r in requests], t.greedy, self.target.generator)
-        return q, tokens.tolist()
+        return draw_drafts(logits, requests, drafts, self.target.generator)
 
     def release(self, request: Request) -> None:
         """Free the draft KV blocks of a finished or preempted request."""

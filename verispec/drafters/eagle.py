@@ -20,6 +20,7 @@ computed from true features), like the draft model's rollback.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,12 +28,17 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.batch import ForwardBatch, SeqChunk
-from verispec.drafters.proposer import Drafts, TargetInfo
+from verispec.drafters.proposer import (
+    Drafts,
+    TargetInfo,
+    all_greedy,
+    draw_drafts,
+    stack_draft_probs,
+)
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
-from verispec.request import Request, sampling_tensors
-from verispec.sample import sample, warp
+from verispec.request import Request
 from verispec.sample.tree import DraftTree
 
 
@@ -157,8 +163,8 @@ class EagleProposer:
             s.rows += len(new)
             s.pending = []
         out, logits = self._forward(chunks, self.head.fuse(torch.cat(features)))
-        last = torch.tensor([sum(len(c.token_ids) for c in chunks[: i + 1]) - 1
-                             for i in range(len(chunks))], device=out.device)  # fmt: skip
+        ends = itertools.accumulate(len(c.token_ids) for c in chunks)
+        last = torch.tensor([e - 1 for e in ends], device=out.device)  # [n] each chunk's last row
         return out.index_select(0, last), logits
 
     def _chain(
@@ -171,7 +177,7 @@ class EagleProposer:
     ) -> Drafts:
         """k tokens per request, one batched head step each."""
         drafts: list[list[int]] = [[] for _ in requests]
-        probs: list[torch.Tensor | None] = [None for _ in requests]  # [k, vocab] q rows
+        probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
         active = [i for i, k in enumerate(ks) if k > 0]
         out, logits = out[active], logits[active]  # row j belongs to request active[j]
         while active:
@@ -179,47 +185,26 @@ class EagleProposer:
                                    logits)  # fmt: skip
             for row, i in enumerate(active):
                 drafts[i].append(tokens[row])
-                if q is not None:
-                    prev = probs[i]
-                    new = q[row : row + 1]  # [1, vocab]
-                    probs[i] = new if prev is None else torch.cat([prev, new])
+                probs[i].append(None if q is None else q[row])
             keep = [row for row, i in enumerate(active) if len(drafts[i]) < ks[i]]
             active = [active[row] for row in keep]
             if active:
                 chunks = [append_chunk(states[i].table, drafts[i][-1:]) for i in active]
                 out, logits = self._forward(chunks, out[keep])
-        return Drafts(token_ids=drafts, probs=self._stack_q(drafts, probs))
-
-    def _stack_q(
-        self, drafts: list[list[int]], probs: list[torch.Tensor | None]
-    ) -> torch.Tensor | None:
-        """[total drafts, vocab] q rows in request order, or None when every row was greedy
-        (requests drafted greedily in a sampled batch get one-hot rows)."""
-        if all(p is None for p in probs):
-            return None
-        rows = []
-        for d, p in zip(drafts, probs, strict=True):
-            if p is None and d:
-                p = torch.zeros(len(d), self.target.vocab_size, device=self.head.device)
-                p[torch.arange(len(d)), torch.tensor(d)] = 1.0
-            if p is not None:
-                rows.append(p)
-        return torch.cat(rows)
+        q_rows = stack_draft_probs(drafts, probs, self.target.vocab_size, self.head.device)
+        return Drafts(token_ids=drafts, probs=q_rows)
 
     def _pick(
         self, requests: list[Request], drafts: list[list[int]], logits: torch.Tensor
     ) -> tuple[torch.Tensor | None, list[int]]:
-        """One draft token per row: the argmax, or a sample from the request's warping of the
-        head's distribution over target ids (q, returned for the verifier)."""
-        if all(r.params.greedy and not r.params.needs_penalties for r in requests):
+        """One draft token per row of draft logits [n, draft vocab]: the argmax, or a sample
+        from the request's warping of the head's distribution over target ids."""
+        if all_greedy(requests):
             return None, self.head.draft_to_target[logits.argmax(dim=1)].tolist()
-        vocab = self.target.vocab_size
-        full = torch.full((len(requests), vocab), float("-inf"), device=logits.device)
+        full = torch.full((len(requests), self.target.vocab_size), float("-inf"),
+                          device=logits.device)  # fmt: skip
         full[:, self.head.draft_to_target] = logits  # [n, vocab]
-        t = sampling_tensors(list(zip(requests, drafts, strict=True)), vocab, logits.device)
-        q = warp(full, t)  # [n, vocab]
-        tokens = sample(q, [r.generator for r in requests], t.greedy, self.target.generator)
-        return q, tokens.tolist()
+        return draw_drafts(full, requests, drafts, self.target.generator)
 
     def _trees(
         self,

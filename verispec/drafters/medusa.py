@@ -88,8 +88,8 @@ class MedusaProposer:
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """The static tree cut to num_tokens[i] nodes, filled with each head's top tokens."""
         hidden = torch.stack([self._feature(r) for r in requests])  # [n, hidden]
-        logits = self.heads.logits(hidden)  # [heads, n, draft vocab]
-        top = self.heads.draft_to_target[logits[: self.depth].topk(self.topk, dim=-1).indices]
+        logits = self.heads.logits(hidden, self.depth)  # [depth, n, draft vocab]
+        top = self.heads.draft_to_target[logits.topk(self.topk, dim=-1).indices]
         ranked = top.tolist()  # [depth][n][topk] target ids
         trees = [self._tree([ranked[d][i] for d in range(self.depth)], k)
                  for i, k in enumerate(num_tokens)]  # fmt: skip

@@ -9,7 +9,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from verispec.models.llama import LlamaModel
-from verispec.request import Request
+from verispec.request import Request, sampling_tensors
+from verispec.sample import sample, warp
 from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer
 
@@ -62,6 +63,48 @@ class Proposer(Protocol):
     def release(self, request: Request) -> None:
         """Forget a request (finished or preempted) and free what the drafter holds for it."""
         ...
+
+
+def all_greedy(requests: Sequence[Request]) -> bool:
+    """True when every request drafts its argmax (greedy, no penalties): q is then one-hot."""
+    return all(r.params.greedy and not r.params.needs_penalties for r in requests)
+
+
+def draw_drafts(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    drafts: Sequence[Sequence[int]],
+    default_generator: torch.Generator,
+) -> tuple[torch.Tensor | None, list[int]]:
+    """One draft token per row of logits [n, target vocab], warped as each request warps (its
+    drafts so far in its history): q [n, vocab] and the tokens; q is None when every row is
+    greedy (one-hot at the argmax, which the verifier then implies)."""
+    if all_greedy(requests):
+        return None, logits.argmax(dim=1).tolist()
+    t = sampling_tensors(list(zip(requests, drafts, strict=True)), logits.shape[1], logits.device)
+    q = warp(logits, t)  # [n, vocab]
+    tokens = sample(q, [r.generator for r in requests], t.greedy, default_generator)
+    return q, tokens.tolist()
+
+
+def stack_draft_probs(
+    drafts: Sequence[Sequence[int]],
+    probs: Sequence[Sequence[torch.Tensor | None]],
+    vocab_size: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Drafts.probs: q rows [total drafts, vocab] in request order, a one-hot row where a draft
+    was greedy (None), or None when every draft was greedy."""
+    flat = [
+        (d, p) for ds, ps in zip(drafts, probs, strict=True) for d, p in zip(ds, ps, strict=True)
+    ]
+    if all(p is None for _, p in flat):
+        return None
+    one_hot = torch.zeros(vocab_size, device=device)
+    return torch.stack([
+        p if p is not None else one_hot.index_fill(0, torch.tensor(d, device=device), 1.0)
+        for d, p in flat
+    ])  # fmt: skip
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import ScheduledRequest, Scheduler
+from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
 from verispec.kv import BlockAllocator
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.hub import DEFAULT_MODEL
@@ -86,6 +86,10 @@ class Engine:
                 batch_invariant=config.batch_invariant, model=self.model,
             )  # fmt: skip
             self.proposer = make_proposer(spec, target)
+        self.feature_drafter = (
+            self.proposer if isinstance(self.proposer, FeatureProposer) else None
+        )
+        """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
         self.step_times = StepTimes()
@@ -133,11 +137,13 @@ class Engine:
         clock.lap("schedule")
         draft_probs = self._propose(plan.scheduled)
         clock.lap("draft")
-        logits, features = self.runner.execute(plan.scheduled, self._feature_layers)
+        drafter = self.feature_drafter
+        layers = drafter.feature_layers if drafter is not None else ()
+        logits, features = self.runner.execute(plan.scheduled, layers)
         clock.lap("target")
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
-        if features is not None and isinstance(self.proposer, FeatureProposer):
-            self._observe(self.proposer, plan.scheduled, verdict, features)
+        if drafter is not None and features is not None:
+            self._observe(drafter, plan, verdict, features)
         clock.lap("verify")
         finished = self.scheduler.update(plan, verdict, self.tokenizer.decode, self.spec_stats)
         self._release(finished)
@@ -158,25 +164,15 @@ class Engine:
             s.draft_tree = None if drafts.trees is None else drafts.trees[i]
         return drafts.probs
 
-    @property
-    def _feature_layers(self) -> tuple[int, ...]:
-        """Target layers whose features the drafter reads (none for token-level drafters)."""
-        if isinstance(self.proposer, FeatureProposer):
-            return self.proposer.feature_layers
-        return ()
-
     @staticmethod
     def _observe(
-        proposer: FeatureProposer,
-        scheduled: list[ScheduledRequest],
-        verdict: Verdict,
-        features: torch.Tensor,
+        proposer: FeatureProposer, plan: Schedule, verdict: Verdict, features: torch.Tensor
     ) -> None:
         """Hand a feature drafter the features [new tokens, F] of the positions whose KV is
         kept: each chunk's tokens, then the accepted drafts (a tree's accepted path)."""
-        sampled = {id(s): i for i, s in enumerate(s for s in scheduled if s.samples)}
+        sampled = {id(s): i for i, s in enumerate(plan.sampling)}  # verdict row of each
         offset = 0
-        for s in scheduled:
+        for s in plan.scheduled:
             rows = list(range(offset, offset + len(s.token_ids)))
             if id(s) in sampled:
                 first = offset + len(s.token_ids)

@@ -99,10 +99,11 @@ class MedusaHeads:
         check_draft_ids(self.draft_to_target, config.vocab_size)
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Last-layer residual stream [n, hidden] -> draft logits [heads, n, draft vocab]."""
+    def logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Last-layer residual stream [n, hidden] -> draft logits [heads, n, draft vocab] of
+        the first num_heads heads (all by default)."""
         h = rms_norm(hidden.to(self.dtype), self.final_norm, self.eps)
-        pairs = zip(self.blocks, self.heads, strict=True)
+        pairs = zip(self.blocks[:num_heads], self.heads[:num_heads], strict=True)
         return torch.stack([head(h + F.silu(block(h))).float() for block, head in pairs])
 
 

@@ -30,6 +30,7 @@ from verispec.models.loader import load_model, resolve_model_path
 from verispec.models.medusa import MedusaConfig, save_medusa_heads
 from verispec.models.paged import PagedModel
 from verispec.sampling_params import SamplingParams
+from verispec.tokenizer import Tokenizer
 from verispec.train.corpus import corpus_files
 from verispec.train.distill import (
     extract_features,
@@ -88,8 +89,6 @@ class HeadRecipe:
 def recipe_for(target: str, kind: str = "eagle", prompts: str | None = None) -> HeadRecipe:
     """The default recipe for a target: chat prompts for a model with a chat template (the
     default SmolLM2), source-file prompts for a code model (the embedded one)."""
-    from verispec.tokenizer import Tokenizer
-
     if prompts is None:
         tokenizer = Tokenizer(resolve_model_path(target))
         prompts = "chat" if tokenizer.chat_template else "code"
