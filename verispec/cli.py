@@ -101,6 +101,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from verispec.train.head_recipe import HEAD_STAGES
     from verispec.train.recipe import STAGES
 
     train = sub.add_parser(
@@ -123,6 +124,11 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     head.add_argument("--num-prompts", type=int, default=None, help="training prompts")
     head.add_argument("--max-tokens", type=int, default=None, help="tokens per response")
     head.add_argument("--steps", type=int, default=None, help="training steps")
+    head.add_argument("--batch-size", type=int, default=None, help="sequences per step")
+    head.add_argument("--only", choices=HEAD_STAGES, default=None,
+                      help="run only this stage of the head recipe (default: all, in order)")
+    head.add_argument("--device", default=None,
+                      help="where the target and head run: cpu (default), cuda, cuda:N, auto")
     head.add_argument("--draft-vocab", type=int, default=None,
                       help="draft vocabulary size (the target's most frequent output tokens)")
 
@@ -171,7 +177,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 HEAD_KINDS = head_method_names()  # verispec train eagle|medusa: a head of that method
-HEAD_OPTIONS = ("target", "prompts", "num_prompts", "max_tokens", "steps", "draft_vocab")
+HEAD_OPTIONS = ("target", "prompts", "num_prompts", "max_tokens", "steps", "draft_vocab",
+                "batch_size", "only", "device")  # fmt: skip
 
 
 def _train_head(args: argparse.Namespace) -> int:
@@ -193,10 +200,17 @@ def _train_head(args: argparse.Namespace) -> int:
         recipe.draft_vocab_size = _at_least_one("--draft-vocab", args.draft_vocab)
     if args.steps is not None:
         recipe.train = replace(recipe.train, steps=_at_least_one("--steps", args.steps))
+    if args.batch_size is not None:
+        size = _at_least_one("--batch-size", args.batch_size)
+        recipe.train = replace(recipe.train, batch_size=size)
     from verispec.train.head_recipe import run_head_stage
 
+    device = args.device or "cpu"
+    if args.only is not None:  # one stage continues a run
+        run_head_stage(args.only, Path(args.out), recipe, resume=True, device=device)
+        return 0
     for i, stage in enumerate(HEAD_STAGES):  # later stages continue what the first began
-        run_head_stage(stage, Path(args.out), recipe, resume=args.resume or i > 0)
+        run_head_stage(stage, Path(args.out), recipe, resume=args.resume or i > 0, device=device)
     return 0
 
 

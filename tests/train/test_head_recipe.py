@@ -196,6 +196,22 @@ def test_cli_trains_a_head_in_a_fresh_directory(target: Path, tmp_path: Path, ca
     assert (tmp_path / "run" / "export" / "config.json").is_file()
 
 
+@pytest.mark.usefixtures("stub_prompts")
+def test_cli_runs_one_stage_with_only(target: Path, tmp_path: Path, capsys) -> None:
+    """--only runs that stage alone: data leaves no head, export of a partial run works."""
+    run = tmp_path / "run"
+    args = ["train", "eagle", "--target", str(target), "--out", str(run), "--num-prompts", "4",
+            "--max-tokens", "6", "--steps", "4", "--batch-size", "2", "--draft-vocab", "100",
+            "--threads", "1", "--device", "cpu"]  # fmt: skip
+    assert main([*args, "--only", "data"]) == 0, capsys.readouterr().err
+    assert (run / "features").is_dir() and not (run / "head").exists()
+    assert main([*args, "--only", "train"]) == 0, capsys.readouterr().err
+    assert read_checkpoint(run / "head" / CHECKPOINT)["config"]["batch_size"] == 2
+    assert not (run / "export").exists()
+    assert main([*args, "--only", "export"]) == 0, capsys.readouterr().err
+    assert json.loads((run / "export" / "eval.json").read_text())["steps"] == 4
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -204,8 +220,14 @@ def test_cli_trains_a_head_in_a_fresh_directory(target: Path, tmp_path: Path, ca
         (["train", "target", "--steps", "3"], "--steps apply to 'verispec train eagle"),
         (["train", "eagle", "--target", "TARGET", "--num-prompts", "0"],
          "--num-prompts must be >= 1, got 0"),
+        (["train", "eagle", "--target", "TARGET", "--batch-size", "0"],
+         "--batch-size must be >= 1, got 0"),
+        (["train", "eagle", "--target", "TARGET", "--device", "tpu"],
+         "device must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+        (["train", "target", "--device", "cpu"], "--device apply to 'verispec train eagle"),
     ],
-    ids=["no-target", "missing-target", "steps-for-target", "zero-prompts"],
+    ids=["no-target", "missing-target", "steps-for-target", "zero-prompts", "zero-batch",
+         "bad-device", "device-for-target"],
 )  # fmt: skip
 def test_cli_errors_exit_2_with_one_line(
     args: list[str], message: str, target: Path, tmp_path: Path, capsys
@@ -216,3 +238,10 @@ def test_cli_errors_exit_2_with_one_line(
     assert out == ""
     assert err.startswith("verispec: error: ") and err.count("\n") == 1, err
     assert message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")
+def test_cli_asks_for_cuda_on_a_machine_without_it(target: Path, tmp_path: Path, capsys) -> None:
+    argv = ["train", "eagle", "--target", str(target), "--out", str(tmp_path), "--device", "cuda"]
+    assert main(argv) == 2
+    assert "device 'cuda' was asked for but no CUDA device is available" in capsys.readouterr().err

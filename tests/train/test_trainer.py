@@ -17,6 +17,7 @@ from verispec.train.trainer import (
     heldout_loss,
     language_model_objective,
     load_trained,
+    to_device,
     train,
 )
 
@@ -76,6 +77,22 @@ def test_training_learns_a_periodic_corpus(tmp_path: Path) -> None:
     after = heldout_loss(model, tokens[:200], seq_len=32)
     assert state.step == 30 and len(state.losses) == 30
     assert before > 3.0 and after < 0.5 * before
+
+
+def test_to_device_moves_tensors_and_keeps_plain_values() -> None:
+    batch = {"ids": torch.arange(3), "n": 7, "nested": {"x": torch.ones(2)}}
+    moved = to_device(batch, torch.device("meta"))
+    assert moved["ids"].device.type == "meta" and moved["nested"]["x"].device.type == "meta"
+    assert moved["n"] == 7 and batch["ids"].device.type == "cpu"
+
+
+def test_training_on_a_named_device_moves_the_model_there(tmp_path: Path) -> None:
+    """device=cpu (the one device every machine has) trains like the default: same losses."""
+    a, b, tokens = tiny_model(), tiny_model(), periodic_tokens()
+    plain = train(a, tokens, config(4), tmp_path / "a", language_model_objective(), progress=False)
+    named = train(b, tokens, config(4), tmp_path / "b", language_model_objective(),
+                  progress=False, device=torch.device("cpu"))  # fmt: skip
+    assert named.losses == plain.losses
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path: Path) -> None:

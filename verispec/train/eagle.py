@@ -147,8 +147,13 @@ class TrainableEagle(nn.Module):
             f"{m}mlp.gate_proj.weight": self.gate.weight, f"{m}mlp.up_proj.weight": self.up.weight,
             f"{m}mlp.down_proj.weight": self.down.weight, "norm.weight": self.norm,
             "lm_head.weight": self.lm_head.weight,
-            "d2t": self.draft_ids - torch.arange(len(self.draft_ids)),
+            "d2t": draft_offsets(self.draft_ids),
         }  # fmt: skip
+
+
+def draft_offsets(draft_ids: torch.Tensor) -> torch.Tensor:
+    """EAGLE-3's d2t: target id minus draft id of each draft token, e.g. [3, 5, 9] -> [3, 4, 7]."""
+    return draft_ids - torch.arange(len(draft_ids), device=draft_ids.device)
 
 
 def soft_targets(
@@ -176,7 +181,7 @@ def head_loss(
 
     logits[s] [B, R, Vd]; draft_ids/weights [B, R, k] (row r: the target's distribution of
     token r + 2); mask [B, R] bool (rows trained on)."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=mask.device)
     agreement = []
     best = draft_ids.gather(-1, weights.argmax(-1, keepdim=True)).squeeze(-1)  # [B, R]
     known = weights.sum(-1) > 0  # [B, R] rows whose target top-k reaches the draft vocabulary

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from verispec.engine.engine import resolve_device
 from verispec.llm import LLM
 from verispec.models.config import ModelConfig
 from verispec.models.eagle import EagleConfig, save_eagle_head
@@ -43,7 +44,7 @@ from verispec.train.eagle import TrainableEagle, head_loss, soft_targets
 from verispec.train.instructions import chat_instructions, chat_prompt_ids
 from verispec.train.medusa import TrainableMedusa, medusa_loss
 from verispec.train.prompts import build_prompts
-from verispec.train.trainer import LossFn, TrainConfig, load_trained, train
+from verispec.train.trainer import LossFn, TrainConfig, load_trained, to_device, train
 
 HEAD_STAGES = ("data", "train", "export")
 
@@ -99,12 +100,15 @@ def recipe_for(target: str, kind: str = "eagle", prompts: str | None = None) -> 
 
 
 def run_head_stage(stage: str, run_dir: Path, recipe: HeadRecipe, resume: bool,
-                   progress: bool = True) -> None:  # fmt: skip
-    """Run one stage (one of HEAD_STAGES) in run_dir."""
+                   progress: bool = True, device: str = "cpu") -> None:  # fmt: skip
+    """Run one stage (one of HEAD_STAGES) in run_dir. device (cpu, cuda, cuda:N or auto) runs
+    the target (data) and the head (train) there; the export and its evaluation run on the CPU.
+    The device does not enter the recipe: a run may continue on another one."""
     if stage not in HEAD_STAGES:
         raise ValueError(f"stage must be one of {', '.join(HEAD_STAGES)}; got {stage!r}")
+    where = resolve_device(device)
     _check_recipe(run_dir, recipe, resume)
-    {"data": _data, "train": _train, "export": _export}[stage](run_dir, recipe, progress)
+    {"data": _data, "train": _train, "export": _export}[stage](run_dir, recipe, progress, where)
 
 
 def _check_recipe(run_dir: Path, recipe: HeadRecipe, resume: bool) -> None:
@@ -142,11 +146,16 @@ def training_prompts(recipe: HeadRecipe, llm: LLM, split: str) -> list[list[int]
     return [encode(p.text) for p in prompts]
 
 
-def _data(run_dir: Path, recipe: HeadRecipe, progress: bool) -> None:
-    """Responses (greedy and sampled) and features, for the training and held-out prompts."""
-    llm = LLM(model=recipe.target, speculative=None, max_num_seqs=32, seed=recipe.seed)
+def _data(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
+    """Responses (greedy and sampled) and features, for the training and held-out prompts.
+    The target runs in float32 on any device; an accelerator batches wider."""
+    wide = device.type != "cpu"
+    llm = LLM(model=recipe.target, speculative=None, dtype="float32", device=str(device),
+              max_num_seqs=256 if wide else 32, max_model_len=2048 if wide else None,
+              max_num_batched_tokens=4096 if wide else 512, seed=recipe.seed)  # fmt: skip
     layers = stored_layers(recipe, llm.engine.model.config)
-    paged = PagedModel(llm.engine.model, num_blocks=256, block_size=16)
+    paged = PagedModel(llm.engine.model, num_blocks=2048 if wide else 256, block_size=16)
+    shard, batch_tokens = (256, 16384) if wide else (64, 2048)  # prompts/generate, tokens/forward
     for split, out in (("train", run_dir), ("heldout", run_dir / "heldout")):
         prompts = training_prompts(recipe, llm, split)
         n_sampled = round(len(prompts) * recipe.sampled_fraction)
@@ -155,12 +164,12 @@ def _data(run_dir: Path, recipe: HeadRecipe, progress: bool) -> None:
                                  seed=recipe.seed)  # fmt: skip
         _log(progress, f"{split}: {len(prompts)} prompts ({n_sampled} sampled)")
         paths = generate_responses(llm, prompts[n_sampled:], out / "responses" / "greedy",
-                                   greedy, progress=progress)  # fmt: skip
+                                   greedy, shard, progress)  # fmt: skip
         if n_sampled:
             paths += generate_responses(llm, prompts[:n_sampled], out / "responses" / "sampled",
-                                        sampled, progress=progress)  # fmt: skip
+                                        sampled, shard, progress)  # fmt: skip
         extract_features(paged, read_responses(paths), layers, recipe.top_k, out / "features",
-                         progress=progress)  # fmt: skip
+                         progress=progress, max_batch_tokens=batch_tokens)  # fmt: skip
 
 
 def stored_layers(recipe: HeadRecipe, target: ModelConfig) -> tuple[int, ...]:
@@ -182,11 +191,16 @@ def head_columns(recipe: HeadRecipe, target: ModelConfig) -> slice:
     return slice(0, n * h)
 
 
-def _records(directory: Path) -> list[dict[str, Any]]:
+def _records(directory: Path, device: torch.device | None = None) -> list[dict[str, Any]]:
+    """The feature records of a run (or its heldout/) directory, their tensors on device
+    (default: memory-mapped on the CPU)."""
     paths = sorted((directory / "features").glob("features-*.pt"))
     if not paths:
         raise ValueError(f"no features in {directory / 'features'}; run the data stage first")
-    return list(load_features(paths))
+    records = load_features(paths)
+    if device is None or device.type == "cpu":
+        return list(records)
+    return [to_device(r, device) for r in records]
 
 
 def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slice]:
@@ -239,24 +253,26 @@ def batch_maker(
 
 
 def pad_windows(windows: list[tuple[dict[str, Any], int, int]]) -> dict[str, torch.Tensor]:
-    """Stack record windows [lo, hi) into padded tensors; mask [B, T] marks the rows whose
-    soft target (row t: the distribution of token t + 1) is of a response token, t < length."""
+    """Stack record windows [lo, hi) into padded tensors (on the records' device); mask [B, T]
+    marks the rows whose soft target (row t: the distribution of token t + 1) is of a response
+    token, t < length."""
     t = max(hi - lo for _, lo, hi in windows)
     b = len(windows)
     first = windows[0][0]
     f, k = first["features"].shape[1], first["top_ids"].shape[1]
-    ids = torch.zeros(b, t, dtype=torch.long)
-    feats = torch.zeros(b, t, f)
-    top_ids = torch.zeros(b, t, k, dtype=torch.long)
-    top_probs = torch.zeros(b, t, k)
-    mask = torch.zeros(b, t, dtype=torch.bool)
+    on = first["features"].device
+    ids = torch.zeros(b, t, dtype=torch.long, device=on)
+    feats = torch.zeros(b, t, f, device=on)
+    top_ids = torch.zeros(b, t, k, dtype=torch.long, device=on)
+    top_probs = torch.zeros(b, t, k, device=on)
+    mask = torch.zeros(b, t, dtype=torch.bool, device=on)
+    rows = torch.arange(t, device=on)
     for i, (r, lo, hi) in enumerate(windows):
         n = hi - lo
         ids[i, :n] = r["token_ids"][lo:hi].long()
         feats[i, :n] = r["features"][lo:hi].float()
         top_ids[i, :n] = r["top_ids"][lo:hi].long()
         top_probs[i, :n] = r["top_probs"][lo:hi].float()
-        rows = torch.arange(t)
         mask[i] = (rows < n) & (lo + rows + 1 >= int(r["prompt_len"]))
     return {"token_ids": ids, "features": feats, "top_ids": top_ids, "top_probs": top_probs,
             "mask": mask}  # fmt: skip
@@ -304,8 +320,8 @@ def evaluate_head(model: torch.nn.Module, recipe: HeadRecipe, columns: slice,
     return [h / max(total, 1.0) for h in hits]
 
 
-def _train(run_dir: Path, recipe: HeadRecipe, progress: bool) -> None:
-    records = _records(run_dir)
+def _train(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
+    records = _records(run_dir, device)
     model, columns = build_head(recipe, run_dir)
     n = sum(p.numel() for p in model.parameters())
     tokens = sum(len(r["token_ids"]) for r in records)
@@ -313,10 +329,10 @@ def _train(run_dir: Path, recipe: HeadRecipe, progress: bool) -> None:
                    f"{tokens:,} tokens; {recipe.train.steps} steps")  # fmt: skip
     train(model, batch_maker(records, recipe.train), recipe.train, run_dir / "head",
           head_objective(recipe, columns), resume=True, progress=progress,
-          desc=recipe.kind)  # fmt: skip
+          desc=recipe.kind, device=device)  # fmt: skip
 
 
-def _export(run_dir: Path, recipe: HeadRecipe, progress: bool) -> None:
+def _export(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
     model, columns = build_head(recipe, run_dir)
     state = load_trained(model, run_dir / "head")
     out = run_dir / "export"

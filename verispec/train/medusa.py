@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.models.medusa import MedusaConfig
+from verispec.train.eagle import draft_offsets
 
 
 class TrainableMedusa(nn.Module):
@@ -44,7 +45,7 @@ class TrainableMedusa(nn.Module):
 
     def state_for_export(self) -> dict[str, torch.Tensor]:
         """Tensors under Medusa's names (verispec/models/medusa.py)."""
-        out: dict[str, torch.Tensor] = {"d2t": self.draft_ids - torch.arange(len(self.draft_ids))}
+        out: dict[str, torch.Tensor] = {"d2t": draft_offsets(self.draft_ids)}
         for i, (block, head) in enumerate(zip(self.blocks, self.heads, strict=True)):
             out[f"{i}.0.linear.weight"] = block.weight
             out[f"{i}.0.linear.bias"] = block.bias
@@ -63,7 +64,7 @@ def medusa_loss(
     logits[i] [B, T, Vd] (row t guesses token t + 2 + i); draft_ids/weights [B, T, k]: the
     target's distribution of token t + 1 at row t (soft_targets); mask [B, T] bool: row t's
     token t + 1 is trained on. Head i at row t is scored against row t + 1 + i."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=mask.device)
     agreement = []
     t = mask.shape[1]
     best = draft_ids.gather(-1, weights.argmax(-1, keepdim=True)).squeeze(-1)  # [B, T]

@@ -125,17 +125,22 @@ def train(
     resume: bool = False,
     progress: bool = True,
     desc: str = "train",
+    device: torch.device | None = None,
 ) -> TrainState:
     """Train `model` in place for config.steps steps, checkpointing into run_dir. data is a
     token stream (random windows per step: batch_at) or a function step -> batch that, like
     batch_at, returns the same batch for the same step.
 
     With resume=True an existing checkpoint is continued (its settings must match); without it an
-    existing checkpoint is an error, so no run is overwritten by accident.
+    existing checkpoint is an error, so no run is overwritten by accident. device: where the
+    model and each batch go (default: where the model is).
     """
     import time
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if device is not None:
+        model.to(device)
+    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
     )
@@ -150,7 +155,8 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = config.lr_at(state.step)
         batch = data(state.step) if callable(data) else batch_at(data, state.step, config)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        batch = to_device(batch, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
             loss = objective(model, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -168,6 +174,15 @@ def train(
             _save(model, optimizer, config, state, run_dir / CHECKPOINT)
     bar.close()
     return state
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """A batch (a tensor, or a dict of tensors and plain values) with its tensors on device."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
 
 
 def _save(
