@@ -13,9 +13,16 @@ from conftest import SPEC_PAIRS
 from verispec import cli, cli_options
 from verispec.cli import build_parser, main, method_takes_draft
 from verispec.cli_options import spec_config
-from verispec.config import SpecConfig, default_speculative
-from verispec.drafters.registry import MODEL_FREE_METHOD, PLAIN, method_names
-from verispec.models.default import embedded_model_path
+from verispec.config import SpecConfig, default_speculative, own_speculative
+from verispec.drafters.registry import (
+    DEFAULT_METHOD,
+    HEAD_METHOD,
+    MODEL_FREE_METHOD,
+    PLAIN,
+    method_names,
+)
+from verispec.models.default import HEADS_DIR, embedded_model_path
+from verispec.models.loader import resolve_head_path
 from verispec.train.tokenizer import save_tokenizer
 
 
@@ -294,6 +301,24 @@ def test_default_model_drafts_with_prompt_lookup() -> None:
     assert spec("--method", PLAIN) is None
     with pytest.raises(ValueError, match="needs --draft"):
         spec("--method", next(m for m in method_names() if method_takes_draft(m)))
+
+
+def test_head_method_without_draft_uses_the_models_shipped_head() -> None:
+    """The default model ships an EAGLE head (not its auto drafter): --method alone takes it
+    with its tuned tree; with --k the same head drafts a chain of k; it loads by name too."""
+
+    def spec(*args: str) -> object:
+        return spec_config(build_parser().parse_args(["generate", "x", *args]))
+
+    own = own_speculative(None, HEAD_METHOD)
+    assert own is not None and Path(own.model) == HEADS_DIR / "smollm2-135m-instruct-eagle"
+    assert spec("--method", HEAD_METHOD) == own
+    chain = spec("--method", HEAD_METHOD, "--k", "3")
+    assert (chain.model, chain.num_speculative_tokens, chain.tree_topk) == (own.model, 3, None)
+    assert resolve_head_path("smollm2-135m-instruct-eagle") == Path(own.model)
+    draft = SpecConfig(method=DEFAULT_METHOD, model="embedded-code-draft")
+    assert own_speculative("embedded-code", DEFAULT_METHOD) == draft
+    assert own_speculative("/some/dir", HEAD_METHOD) is None
 
 
 def test_embedded_model_options(capsys) -> None:

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from verispec.chat import check_text
-from verispec.config import SpecConfig, default_speculative
+from verispec.config import SpecConfig, default_speculative, own_speculative
 from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.metrics import SpecStats
 from verispec.models.quantization import QUANTIZATIONS
@@ -102,8 +102,10 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     if args.method is not None:
         options["method"] = args.method
         takes_draft = takes_model(args.method)
-        own = default if default is not None and default.method == args.method else None
-        if takes_draft and args.draft is None and own is not None and own.model:
+        own = own_speculative(args.model, args.method)
+        if takes_draft and args.draft is None and own is not None and not given:
+            return own  # the model's own head or draft, with the settings it was tuned with
+        if takes_draft and args.draft is None and own is not None:
             options["model"] = own.model
         elif takes_draft and args.draft is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub "

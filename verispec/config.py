@@ -175,16 +175,29 @@ class SpecConfig:
 
 def default_speculative(model: str | None) -> SpecConfig | None:
     """What speculative="auto" means. A named model (None = the default model) drafts with its
-    shipped EAGLE head when it has one (with the tree settings the head was tuned with), else
-    its trained draft model, else prompt lookup (no weights); any other model decodes plainly
+    shipped EAGLE head where that was measured fastest (NamedModel.auto_head), else with its
+    trained draft model, else with prompt lookup (no weights); any other model decodes plainly
     unless asked."""
     named = NAMED_MODELS.get(model or DEFAULT_MODEL)
     if named is None:
         return None
-    head = shipped_head(named.head) if named.head is not None else None
-    if head is not None:
-        path, settings = head
-        return SpecConfig(method=HEAD_METHOD, model=str(path), **settings)
-    if named.draft is not None:
-        return SpecConfig(method=DEFAULT_METHOD, model=named.draft)
-    return SpecConfig(method=MODEL_FREE_METHOD)
+    own_head = own_speculative(model, HEAD_METHOD) if named.auto_head else None
+    own_draft = own_speculative(model, DEFAULT_METHOD)
+    return own_head or own_draft or SpecConfig(method=MODEL_FREE_METHOD)
+
+
+def own_speculative(model: str | None, method: str) -> SpecConfig | None:
+    """A named model's own drafter for `method`: its shipped head for the head method (with the
+    tree settings the head was tuned with), its trained draft for the draft-model method; None
+    when it has none (or the model is not named)."""
+    named = NAMED_MODELS.get(model or DEFAULT_MODEL)
+    if named is None:
+        return None
+    if method == HEAD_METHOD and named.head is not None:
+        head = shipped_head(named.head)
+        if head is not None:
+            path, settings = head
+            return SpecConfig(method=method, model=str(path), **settings)
+    if method == DEFAULT_METHOD and named.draft is not None:
+        return SpecConfig(method=method, model=named.draft)
+    return None

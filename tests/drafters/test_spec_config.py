@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 import verispec
+from verispec import config as config_module
 from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES, default_speculative
 from verispec.drafters.registry import method_names, takes_model
 from verispec.models import default as default_models
@@ -151,15 +153,21 @@ def test_tree_options_must_be_integers_of_at_least_one(option: str, value: objec
 
 
 def test_auto_uses_a_shipped_head_with_its_tuned_tree(monkeypatch, tmp_path) -> None:
-    """A named model whose EAGLE head ships drafts with it, with the settings stored beside it
-    (models/embedded/heads/NAME/config.json "verispec_speculative")."""
+    """A named model whose EAGLE head ships, and was measured fastest (auto_head), drafts with
+    it, with the settings stored beside it (models/embedded/heads/NAME/config.json
+    "verispec_speculative"); without auto_head, or without the head, with its draft model."""
     head = tmp_path / "embedded-code-eagle"
     head.mkdir()
     tuned = {"num_speculative_tokens": 12, "tree_topk": 3, "tree_depth": 5}
     (head / "config.json").write_text(json.dumps({"verispec_speculative": tuned}))
     monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path)
-    assert default_speculative("embedded-code") == verispec.SpecConfig(
-        method="eagle", model=str(head), **tuned
-    )
+    for auto_head in (True, False):
+        named = dict(config_module.NAMED_MODELS)
+        named["embedded-code"] = replace(named["embedded-code"], auto_head=auto_head)
+        monkeypatch.setattr(config_module, "NAMED_MODELS", named)
+        own = verispec.SpecConfig(method="eagle", model=str(head), **tuned)
+        draft = verispec.SpecConfig(method="draft_model", model="embedded-code-draft")
+        assert config_module.own_speculative("embedded-code", "eagle") == own
+        assert default_speculative("embedded-code") == (own if auto_head else draft)
     monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path / "none")
     assert default_speculative("embedded-code").method == "draft_model"

@@ -13,7 +13,8 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from verispec import LLM, SamplingParams
-from verispec.config import SpecConfig
+from verispec.config import SpecConfig, own_speculative
+from verispec.drafters.registry import HEAD_METHOD
 
 from .harness import Runner, hf_logits
 
@@ -98,3 +99,21 @@ def test_ngram_speculation_keeps_the_greedy_output(
         assert len(a.token_ids) == SPEC_TOKENS
         assert b.token_ids == a.token_ids
     assert sum(o.metrics.spec.num_draft_tokens for o in speculative) > 0  # drafts were verified
+
+
+def test_shipped_eagle_head_keeps_the_greedy_output_and_drafts_well(
+    smollm2_path: Path, llm: LLM, hf_tokenizer
+) -> None:
+    """The head shipped for the default model, with the tree it was tuned with: greedy output
+    equals plain decoding, and the head earns its keep (a measured mean acceptance length of
+    2.47 on the code question here; an untrained head gets about 1.0)."""
+    spec = own_speculative(None, HEAD_METHOD)
+    assert spec is not None and spec.tree_topk > 1
+    prompts = [chat_ids(hf_tokenizer, q) for q in SPEC_QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=SPEC_TOKENS, ignore_eos=True)
+    plain = llm.generate(prompts, params)
+    speculative = LLM(model=str(smollm2_path), speculative=spec,
+                      linear_backend=BACKEND).generate(prompts, params)  # fmt: skip
+    for a, b in zip(plain, speculative, strict=True):
+        assert b.token_ids == a.token_ids
+    assert speculative[1].metrics.mean_acceptance_length > 1.8

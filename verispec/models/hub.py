@@ -52,8 +52,11 @@ class NamedModel:
     draft: str | None = None
     """The named draft model trained for it, if any (its default drafter)."""
     head: str | None = None
-    """The EAGLE head trained for it (a directory in models/embedded/heads/), its default
-    drafter when shipped."""
+    """The EAGLE head trained for it (a directory in models/embedded/heads/, also loadable by
+    this name)."""
+    auto_head: bool = False
+    """Whether speculative="auto" drafts with that head: only where it was measured faster than
+    the model's other drafters (docs/benchmarks.md)."""
 
 
 NAMED_MODELS = MappingProxyType({

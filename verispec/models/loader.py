@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from verispec.models.config import ModelConfig
+from verispec.models.default import shipped_head
 from verispec.models.gguf import is_gguf, read_gguf
 from verispec.models.gguf_cache import cached_checkpoint
 from verispec.models.hub import named_model_path
@@ -85,6 +86,9 @@ def resolve_head_path(head: str | Path) -> Path:
         return path
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
         raise ValueError(f"drafter head {text!r} is not a directory (config.json + safetensors)")
+    shipped = shipped_head(text)
+    if shipped is not None:
+        return shipped[0]
     named = named_model_path(text)
     return named if named is not None else _download(text)
 
