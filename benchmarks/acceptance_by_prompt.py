@@ -1,0 +1,63 @@
+"""Mean acceptance length per chat prompt for several drafters (T = 0, no timing): which
+prompts each drafter wins. Acceptance does not depend on the machine's load, so this runs
+beside anything. See benchmarks/README.md.
+
+    python benchmarks/acceptance_by_prompt.py [--model smollm2-135m-instruct] [--prompts 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from verispec import LLM, SamplingParams, SpecConfig
+from verispec.bench.workloads import PROMPTS_DIR
+from verispec.config import own_speculative
+from verispec.drafters.registry import HEAD_METHOD, MODEL_FREE_METHOD
+
+
+def drafters(model: str, k: int) -> dict[str, SpecConfig]:
+    """Prompt lookup (chain of k), the model's shipped head as a chain of k and with its tree."""
+    head = own_speculative(model, HEAD_METHOD)
+    if head is None:
+        raise ValueError(f"{model} ships no {HEAD_METHOD} head; give a named model that does")
+    lookup = SpecConfig(method=MODEL_FREE_METHOD, num_speculative_tokens=k)
+    chain = SpecConfig(method=HEAD_METHOD, model=head.model, num_speculative_tokens=k)
+    tree = f"{head.tree_topk}x{head.tree_depth}:{head.num_speculative_tokens}"
+    return {f"{MODEL_FREE_METHOD} k={k}": lookup, f"{HEAD_METHOD} k={k}": chain,
+            f"{HEAD_METHOD} {tree}": head}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=12, help="first N chat prompts")
+    parser.add_argument("--k", type=int, default=3, help="chain length")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    lines = (PROMPTS_DIR / "chat.jsonl").read_text().splitlines()[: args.prompts]
+    rows = [json.loads(line) for line in lines]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    lengths: dict[str, list[float]] = {}
+    for name, spec in drafters(args.model, args.k).items():
+        llm = LLM(model=args.model, speculative=spec)
+        outputs = llm.chat([r["messages"] for r in rows], params)
+        lengths[name] = [o.metrics.mean_acceptance_length or 1.0 for o in outputs]
+    print(f"model={args.model} T=0 max_tokens={args.max_tokens} threads={args.threads} "
+          "(mean acceptance length per prompt)")  # fmt: skip
+    print("| prompt | " + " | ".join(lengths) + " |")
+    print("|---" * (len(lengths) + 1) + "|")
+    for i, row in enumerate(rows):
+        print(f"| {row['id']} | " + " | ".join(f"{v[i]:.2f}" for v in lengths.values()) + " |")
+    means = [sum(v) / len(v) for v in lengths.values()]
+    print("| mean | " + " | ".join(f"{m:.2f}" for m in means) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
