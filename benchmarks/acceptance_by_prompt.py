@@ -1,6 +1,7 @@
 """Mean acceptance length per chat prompt for several drafters (T = 0, no timing): which
-prompts each drafter wins. Acceptance does not depend on the machine's load, so this runs
-beside anything. See benchmarks/README.md.
+prompts each drafter wins, and what grafting prompt lookups onto the head's tree gives.
+Acceptance does not depend on the machine's load, so this runs beside anything. See
+benchmarks/README.md.
 
     python benchmarks/acceptance_by_prompt.py [--model smollm2-135m-instruct] [--prompts 12]
 """
@@ -19,16 +20,23 @@ from verispec.config import own_speculative
 from verispec.drafters.registry import HEAD_METHOD, MODEL_FREE_METHOD
 
 
-def drafters(model: str, k: int) -> dict[str, SpecConfig]:
-    """Prompt lookup (chain of k), the model's shipped head as a chain of k and with its tree."""
+def drafters(model: str, k: int, graft: int) -> dict[str, SpecConfig]:
+    """Prompt lookup (chain of k), the model's shipped head as a chain of k, with the tree its
+    config names (without a lookup), and that tree with a lookup chain of `graft` grafted on."""
     head = own_speculative(model, HEAD_METHOD)
     if head is None:
         raise ValueError(f"{model} ships no {HEAD_METHOD} head; give a named model that does")
+    topk, depth = head.tree_topk, head.tree_depth
+    nodes = head.num_speculative_tokens - (head.prompt_lookup_tokens or 0)  # the head's own
     lookup = SpecConfig(method=MODEL_FREE_METHOD, num_speculative_tokens=k)
     chain = SpecConfig(method=HEAD_METHOD, model=head.model, num_speculative_tokens=k)
-    tree = f"{head.tree_topk}x{head.tree_depth}:{head.num_speculative_tokens}"
+    tree = SpecConfig(method=HEAD_METHOD, model=head.model, num_speculative_tokens=nodes,
+                      tree_topk=topk, tree_depth=depth)  # fmt: skip
+    both = SpecConfig(method=HEAD_METHOD, model=head.model, num_speculative_tokens=nodes + graft,
+                      tree_topk=topk, tree_depth=depth, prompt_lookup_tokens=graft)  # fmt: skip
+    shape = f"{topk}x{depth}:{nodes}"
     return {f"{MODEL_FREE_METHOD} k={k}": lookup, f"{HEAD_METHOD} k={k}": chain,
-            f"{HEAD_METHOD} {tree}": head}  # fmt: skip
+            f"{HEAD_METHOD} {shape}": tree, f"{HEAD_METHOD} {shape}+{graft}": both}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--prompts", type=int, default=12, help="first N chat prompts")
     parser.add_argument("--k", type=int, default=3, help="chain length")
+    parser.add_argument("--graft", type=int, default=4, help="lookup tokens grafted on the tree")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -44,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [json.loads(line) for line in lines]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     lengths: dict[str, list[float]] = {}
-    for name, spec in drafters(args.model, args.k).items():
+    for name, spec in drafters(args.model, args.k, args.graft).items():
         llm = LLM(model=args.model, speculative=spec)
         outputs = llm.chat([r["messages"] for r in rows], params)
         lengths[name] = [o.metrics.mean_acceptance_length or 1.0 for o in outputs]

@@ -85,7 +85,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        help="Medusa heads directory (runs method medusa)")  # fmt: skip
     bench.add_argument("--trees", type=_csv(str), default=None, metavar="SHAPES",
                        help="eagle/medusa draft trees KxD:N besides each k's chain: topk K, "
-                       "depth D, at most N nodes (e.g. 4x6:16,2x4:8)")  # fmt: skip
+                       "depth D, at most N nodes; KxD:N+L (eagle) grafts a prompt-lookup chain "
+                       "of up to L more (e.g. 4x6:16,3x4:8+4)")  # fmt: skip
     bench.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
     bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (6)")

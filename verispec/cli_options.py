@@ -55,6 +55,9 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
                       help="eagle, medusa: children per tree node (a tree of --k nodes)")
     spec.add_argument("--tree-depth", type=int, default=None, metavar="D",
                       help="eagle, medusa: tree levels (6)")  # fmt: skip
+    spec.add_argument("--prompt-lookup-tokens", type=int, default=None, metavar="N",
+                      help="eagle trees: graft a prompt-lookup chain of up to N of the --k "
+                      "nodes")  # fmt: skip
     spec.add_argument(
         "--draft-quantization",
         choices=QUANTIZATIONS,
@@ -73,6 +76,7 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--draft-quantization", "quantization"),
     ("--tree-topk", "tree_topk"),
     ("--tree-depth", "tree_depth"),
+    ("--prompt-lookup-tokens", "prompt_lookup_tokens"),
 )
 
 

@@ -112,6 +112,10 @@ class SpecConfig:
     tree_depth: int | None = None
     """Methods that draft trees: levels of the tree (default 6 when tree_topk >= 2; Medusa
     drafts at most one level per head, so it cuts deeper trees and chains to its heads)."""
+    prompt_lookup_tokens: int | None = None
+    """Tree methods that also look up the prompt (eagle): graft a prompt-lookup chain of up to
+    this many tokens onto each tree (its nodes count in num_speculative_tokens; None = off).
+    The head drafts what is new, the lookup what is copied; the target checks both at once."""
 
     def __post_init__(self) -> None:
         traits = method(self.method)  # ValueError listing the methods for an unknown name
@@ -128,8 +132,10 @@ class SpecConfig:
         if traits.takes_model and not self.model:
             raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub "
                              "id; for a head method, the head's directory)")  # fmt: skip
-        self._refuse_unused(traits.takes_model, traits.takes_prompt_lookup)
-        if traits.takes_prompt_lookup:
+        grafting = self._check_grafting(traits.grafts_lookup)
+        looks_up = traits.takes_prompt_lookup or grafting
+        self._refuse_unused(traits.takes_model, looks_up)
+        if looks_up:
             lo = 2 if self.prompt_lookup_min is None else self.prompt_lookup_min
             hi = 4 if self.prompt_lookup_max is None else self.prompt_lookup_max
             if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
@@ -155,6 +161,26 @@ class SpecConfig:
         if self.tree_depth is not None and (self.tree_topk or 1) == 1:
             raise ValueError("tree_depth needs tree_topk >= 2 (a chain's depth is "
                              "num_speculative_tokens)")
+
+    def _check_grafting(self, grafts_lookup: bool) -> bool:
+        """prompt_lookup_tokens: an integer >= 1 below the node budget, for a method that
+        grafts lookups onto its trees, with a tree to graft onto. Returns whether it is on."""
+        n = self.prompt_lookup_tokens
+        if n is None:
+            return False
+        if not grafts_lookup:
+            raise ValueError(f"method {self.method!r} does not graft prompt lookups onto trees; "
+                             "drop prompt_lookup_tokens")  # fmt: skip
+        if (self.tree_topk or 1) == 1:
+            raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
+        k = self.num_speculative_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < k:
+            raise ValueError(
+                f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens - 1] "
+                f"(the tree keeps at least one node of its own), got {n!r} with "
+                f"num_speculative_tokens={k}"
+            )
+        return True
 
     def _refuse_unused(self, takes_model: bool, takes_prompt_lookup: bool) -> None:
         """Options the method would ignore are errors, never silently dropped."""

@@ -29,11 +29,13 @@ SHAPE_FIELDS = {"k", "tree_topk", "tree_depth", "budget", "step_cost_ratio", "pr
 def test_tree_shapes_parse_and_are_checked() -> None:
     assert parse_tree_shape(" 4x6:16") == TreeShape(4, 6, 16)
     assert parse_tree_shape("2x4:8").label == "2x4:8"
-    for text in ("4x6", "4:16", "ax6:16", "4x6:16:2", ""):
+    grafted = parse_tree_shape("3x4:8+4")
+    assert (grafted, grafted.nodes, grafted.label) == (TreeShape(3, 4, 8, 4), 12, "3x4:8+4")
+    for text in ("4x6", "4:16", "ax6:16", "4x6:16:2", "", "3x4:8+", "3x4:8+x"):
         with pytest.raises(ValueError, match="KxD:N"):
             parse_tree_shape(text)
-    for text in ("1x6:16", "4x0:16", "4x6:0", "4x6:65"):
-        with pytest.raises(ValueError, match=r"topk K >= 2 .* budget N in \[1, 64\]"):
+    for text in ("1x6:16", "4x0:16", "4x6:0", "4x6:65", "3x4:8+0", "3x4:60+5"):
+        with pytest.raises(ValueError, match=r"topk K >= 2 .* N \+ L <= 64"):
             parse_tree_shape(text)
 
 
@@ -119,23 +121,24 @@ def test_bench_eagle_and_medusa_chains_and_trees(
     out = tmp_path / "bench.json"
     args = ["bench", "--target", str(target), "--engines", "verispec", "--workloads", "code",
             "--methods", "none,eagle,medusa", "--eagle", str(eagle), "--medusa", str(medusa),
-            "--k", "2", "--trees", "2x4:6", "--temperatures", "0", "--prompts", "1",
+            "--k", "2", "--trees", "2x4:6,2x4:4+2", "--temperatures", "0", "--prompts", "1",
             "--max-tokens", "16", "--repeats", "1", "--threads", "1", "--no-verify-cost",
             "--json", str(out)]  # fmt: skip
     assert main(args) == 0
     captured = capsys.readouterr()
     assert f"eagle={eagle}" in captured.out and f"medusa={medusa}" in captured.out
-    assert "trees=2x4:6" in captured.out
+    assert "trees=2x4:6,2x4:4+2" in captured.out
     assert "medusa 2x4:6 runs as 2x3:6" in captured.err  # one head per level
     lines = captured.out.splitlines()
     assert any(" eagle " in x and " 2x4:6 " in x for x in lines)
+    assert any(" eagle " in x and " 2x4:4+2 " in x for x in lines)  # grafted: eagle only
     result = json.loads(out.read_text())
     assert result["settings"]["heads"] == {"eagle": str(eagle), "medusa": str(medusa)}
     rows = {(r["method"], r["tree_topk"], r["tree_depth"], r["budget"], r["k"]): r
             for r in result["rows"]}  # fmt: skip
     assert set(rows) == {
         (PLAIN, None, None, None, 0), ("eagle", None, None, None, 2), ("eagle", 2, 4, 6, 6),
-        ("medusa", None, None, None, 2), ("medusa", 2, MEDUSA_HEADS, 6, 6),
+        ("eagle", 2, 4, 4, 6), ("medusa", None, None, None, 2), ("medusa", 2, MEDUSA_HEADS, 6, 6),
     }  # fmt: skip
     for key, r in rows.items():
         assert SHAPE_FIELDS <= r.keys()

@@ -21,6 +21,7 @@ from conftest import make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.batch import ForwardBatch
 from verispec.drafters.eagle import EagleProposer
+from verispec.drafters.ngram import propose_ngram
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Scheduler
 from verispec.kv import BlockAllocator, BlockTable
@@ -29,6 +30,7 @@ from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.outputs import RequestOutput
 from verispec.request import Request
+from verispec.sample.tree import DraftTree
 from verispec.train.distill import (
     extract_features,
     generate_responses,
@@ -114,9 +116,10 @@ def plain_generate(cache: dict, trained: Trained, prompts: list, params: Any,
 
 
 def eagle(trained: Trained, k: int, topk: int | None = None, depth: int | None = None,
-          **engine: Any) -> LLM:  # fmt: skip
+          lookup: int | None = None, **engine: Any) -> LLM:  # fmt: skip
     spec = SpecConfig(method="eagle", model=str(trained.head), num_speculative_tokens=k,
-                      tree_topk=topk, tree_depth=depth)  # fmt: skip
+                      tree_topk=topk, tree_depth=depth, prompt_lookup_tokens=lookup,
+                      prompt_lookup_min=1 if lookup else None)  # fmt: skip
     return LLM(model=str(trained.target), speculative=spec, batch_invariant=True, **engine)
 
 
@@ -196,6 +199,33 @@ def test_greedy_equals_plain(trained: Trained, spec: tuple, plain: dict, monkeyp
         assert any(len(t.children(-1)) > 1 for t in trees)
         assert max(max(t.depths(), default=0) for t in trees) > 1
         assert any(len({tuple(t.parents) for t in d.trees}) > 1 for _, d in calls)
+
+
+def test_grafted_lookups_keep_greedy_output(trained: Trained, plain: dict, monkeypatch) -> None:
+    """Trees with a prompt-lookup chain grafted on: each tree holds the lookup's chain as a
+    root path, stays within its budget, and greedy output equals plain decoding."""
+    prompts = [*trained.prompts[:6], *random_prompts(2, seed=7)]
+    seen: list[tuple[list[int], int, DraftTree]] = []  # (context, budget, tree)
+    propose = EagleProposer.propose
+
+    def spy(self: EagleProposer, requests: Any, num_tokens: Any) -> Any:
+        contexts = [list(r.all_token_ids) for r in requests]
+        drafts = propose(self, requests, num_tokens)
+        seen.extend(zip(contexts, num_tokens, drafts.trees, strict=True))
+        return drafts
+
+    monkeypatch.setattr(EagleProposer, "propose", spy)
+    llm = eagle(trained, 8, 2, 3, lookup=3)
+    assert_same(llm.generate(prompts, GREEDY), plain_generate(plain, trained, prompts, GREEDY))
+    assert_partial_and_clean(llm)
+    grafted = 0
+    for context, budget, t in seen:
+        chain = propose_ngram(context, 1, 4, min(3, budget - 1))
+        assert t.num_nodes <= budget
+        paths = {tuple(t.token_ids[n] for n in t.path(i)) for i in range(t.num_nodes)}
+        assert not chain or tuple(chain) in paths
+        grafted += bool(chain)
+    assert grafted > len(seen) // 8, "the lookup rarely found a match: the test lost its point"
 
 
 @pytest.mark.parametrize("spec", [SPECS["chain-k4"], SPECS["tree-3x4-12"]], ids=["chain", "tree"])

@@ -345,8 +345,13 @@ def eagle_head(
     return root / "head"
 
 
-def eagle_spec(head: Path, tree: bool) -> SpecConfig:
-    """A chain of up to 3 drafts, or EAGLE-2 trees of up to 3 nodes (2 children per node)."""
+def eagle_spec(head: Path, tree: bool | str) -> SpecConfig:
+    """A chain of up to 3 drafts, EAGLE-2 trees of up to 3 nodes (2 children per node), or
+    ("lookup") such trees of 2 head nodes with a 1-gram prompt-lookup chain of 2 grafted on."""
+    if tree == "lookup":
+        return SpecConfig(method="eagle", model=str(head), num_speculative_tokens=4,
+                          tree_topk=2, tree_depth=2, prompt_lookup_tokens=2,
+                          prompt_lookup_min=1)  # fmt: skip
     if tree:
         return SpecConfig(method="eagle", model=str(head), num_speculative_tokens=3,
                           tree_topk=2, tree_depth=2)  # fmt: skip
@@ -362,12 +367,12 @@ EAGLE_CASES = [
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("tree", [False, True, "lookup"], ids=["chain", "tree", "tree+lookup"])
 @pytest.mark.parametrize(("temperature", "top_p", "top_k"), EAGLE_CASES)
 def test_eagle_sampling_matches_the_target(
     checkpoints: tuple[Path, Path, PreTrainedModel],
     eagle_head: Path,
-    tree: bool,
+    tree: bool | str,
     temperature: float,
     top_p: float,
     top_k: int,

@@ -171,3 +171,20 @@ def test_auto_uses_a_shipped_head_with_its_tuned_tree(monkeypatch, tmp_path) -> 
         assert default_speculative("embedded-code") == (own if auto_head else draft)
     monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path / "none")
     assert default_speculative("embedded-code").method == "draft_model"
+
+
+def test_prompt_lookup_tokens_graft_onto_eagle_trees_only() -> None:
+    head = {"method": "eagle", "model": "/h", "num_speculative_tokens": 8, "tree_topk": 3}
+    spec = verispec.SpecConfig(**head, prompt_lookup_tokens=3)
+    assert (spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 2, 4)
+    assert verispec.SpecConfig(**head).prompt_lookup_min is None  # off: lookup bounds unused
+    with pytest.raises(ValueError, match="'ngram' does not graft prompt lookups onto trees"):
+        verispec.SpecConfig(method="ngram", prompt_lookup_tokens=2)
+    with pytest.raises(ValueError, match=r"needs a tree \(tree_topk >= 2\) to graft onto"):
+        verispec.SpecConfig(method="eagle", model="/h", prompt_lookup_tokens=2)
+    for bad in (0, 8, 2.5, True):
+        with pytest.raises(ValueError, match=r"prompt_lookup_tokens must be an integer in \[1, "
+                                             r"num_speculative_tokens - 1\]"):  # fmt: skip
+            verispec.SpecConfig(**head, prompt_lookup_tokens=bad)
+    with pytest.raises(ValueError, match="does not use prompt_lookup_max; drop it"):
+        verispec.SpecConfig(**head, prompt_lookup_max=3)

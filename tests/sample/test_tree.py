@@ -91,6 +91,27 @@ def test_shapes(shape: str) -> None:
         assert i in t.children(parents[i]) and len(t.path(i)) == depths[i]
 
 
+def test_graft_worked_example_and_edge_cases() -> None:
+    t = DraftTree([5, 7, 2], [-1, -1, 0])
+    grafted = t.graft([5, 3, 8])
+    assert (grafted.token_ids, grafted.parents) == ([5, 7, 2, 3, 8], [-1, -1, 0, 0, 3])
+    assert t.token_ids == [5, 7, 2]  # the tree itself is unchanged
+    assert t.graft([5, 2]) == t and t.graft([]) == t  # a path it holds adds nothing
+    assert DraftTree([], []).graft([4, 8]) == DraftTree.chain([4, 8])
+    assert t.graft([9]).children(-1) == [0, 1, 3]
+
+
+@given(st.lists(st.integers(0, 3), max_size=5), st.lists(st.integers(0, 3), max_size=5),
+       st.lists(st.integers(0, 3), max_size=5))  # fmt: skip
+def test_graft_holds_every_path_once(a: list[int], b: list[int], c: list[int]) -> None:
+    """Grafting chains onto an empty tree gives a valid tree whose root paths are exactly the
+    chains' prefixes (siblings distinct: DraftTree checks it)."""
+    t = DraftTree([], []).graft(a).graft(b).graft(c)
+    paths = {tuple(t.token_ids[n] for n in t.path(i)) for i in range(t.num_nodes)}
+    prefixes = {tuple(x[:j]) for x in (a, b, c) for j in range(1, len(x) + 1)}
+    assert paths == prefixes and t.num_nodes == len(prefixes)
+
+
 def test_chain_classmethod_and_empty_tree() -> None:
     assert DraftTree.chain([4, 8, 1]).parents == [-1, 0, 1]
     empty = DraftTree.chain([])

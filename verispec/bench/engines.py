@@ -83,31 +83,43 @@ class Engine(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TreeShape:
-    """A draft tree: topk children per node, depth levels, at most budget nodes."""
+    """A draft tree: topk children per node, depth levels, at most budget nodes of the head's,
+    and a prompt-lookup chain of up to `lookup` more nodes grafted on (0: none)."""
 
     topk: int
     depth: int
     budget: int
+    lookup: int = 0
+
+    @property
+    def nodes(self) -> int:
+        """The node budget the tree is verified with (num_speculative_tokens)."""
+        return self.budget + self.lookup
 
     @property
     def label(self) -> str:
-        """As the bench writes it: '4x6:16'."""
-        return f"{self.topk}x{self.depth}:{self.budget}"
+        """As the bench writes it: '4x6:16', or '3x4:8+4' with a lookup of 4 grafted on."""
+        lookup = f"+{self.lookup}" if self.lookup else ""
+        return f"{self.topk}x{self.depth}:{self.budget}{lookup}"
 
 
 def parse_tree_shape(text: str) -> TreeShape:
-    """'KxD:N' -> TreeShape(K, D, N), checked: '4x6:16' -> TreeShape(4, 6, 16); ValueError
-    for anything else (K >= 2: topk 1 is a chain, given by --k)."""
-    head, _, budget = text.strip().partition(":")
+    """'KxD:N' or 'KxD:N+L' -> TreeShape(K, D, N, L), checked: '4x6:16' -> TreeShape(4, 6,
+    16), '3x4:8+4' -> TreeShape(3, 4, 8, 4); ValueError for anything else (K >= 2: topk 1 is a
+    chain, given by --k)."""
+    head, _, nodes = text.strip().partition(":")
     topk, _, depth = head.partition("x")
+    budget, plus, lookup = nodes.partition("+")
     try:
-        shape = TreeShape(int(topk), int(depth), int(budget))
+        shape = TreeShape(int(topk), int(depth), int(budget), int(lookup) if plus else 0)
     except ValueError:
-        raise ValueError(f"tree shape must be KxD:N (topk K, depth D, node budget N), e.g. "
-                         f"4x6:16; got {text!r}") from None  # fmt: skip
-    if shape.topk < 2 or shape.depth < 1 or not 1 <= shape.budget <= MAX_TREE_NODES:
+        raise ValueError(f"tree shape must be KxD:N (topk K, depth D, node budget N) or KxD:N+L "
+                         f"(L prompt-lookup nodes grafted on), e.g. 4x6:16 or 3x4:8+4; got "
+                         f"{text!r}") from None  # fmt: skip
+    if (shape.topk < 2 or shape.depth < 1 or shape.budget < 1 or (plus and shape.lookup < 1)
+            or shape.nodes > MAX_TREE_NODES):  # fmt: skip
         raise ValueError(f"tree shape {text!r}: needs topk K >= 2 (K = 1 is a chain: use --k), "
-                         f"depth D >= 1 and budget N in [1, {MAX_TREE_NODES}]")  # fmt: skip
+                         f"depth D >= 1, N >= 1, L >= 1 and N + L <= {MAX_TREE_NODES}")  # fmt: skip
     return shape
 
 
@@ -209,6 +221,8 @@ def spec_config(spec: MethodSpec, draft: Path | None) -> SpecConfig | None:
         options["prompt_lookup_max"] = spec.prompt_lookup_max
     if spec.tree is not None:
         options["tree_topk"], options["tree_depth"] = spec.tree.topk, spec.tree.depth
+        if spec.tree.lookup:
+            options["prompt_lookup_tokens"] = spec.tree.lookup
     return SpecConfig(method=spec.method, num_speculative_tokens=spec.k, **options)
 
 

@@ -40,6 +40,7 @@ from verispec.bench.verify_cost import (
 )
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
 from verispec.drafters.registry import PLAIN, method_names
+from verispec.drafters.registry import method as method_traits
 from verispec.metrics import SpecStats
 
 ENGINES: dict[str, Any] = {
@@ -152,10 +153,12 @@ def plan_groups(config: BenchConfig, home: dict[str, str]) -> list[Group]:
 
 def method_specs(method: str, config: BenchConfig) -> list[MethodSpec]:
     """A method's configurations: a chain of each k, and for a head method each tree shape
-    (k = its node budget)."""
+    (k = its node budget; shapes with a grafted lookup only for methods that graft)."""
     specs = [MethodSpec(method, k) for k in config.ks]
     if takes_head(method):
-        specs += [MethodSpec(method, t.budget, tree=t) for t in config.trees]
+        grafts = method_traits(method).grafts_lookup
+        specs += [MethodSpec(method, t.nodes, tree=t) for t in config.trees
+                  if grafts or not t.lookup]  # fmt: skip
     return specs
 
 
@@ -223,6 +226,7 @@ def summarise(
         "tree_topk": tree.topk if tree else None,
         "tree_depth": tree.depth if tree else None,
         "budget": tree.budget if tree else None,
+        "tree_lookup": tree.lookup if tree else None,
         "temperature": group.temperature,
         "top_p": sampling.top_p,
         "workload": group.workload,

@@ -65,7 +65,8 @@ def shape(row: dict[str, Any]) -> str:
     """What a row's drafter drafted per step: its chain's k ('4') or its tree ('4x6:16')."""
     if row.get("tree_topk") is None:
         return str(row["k"])
-    return f"{row['tree_topk']}x{row['tree_depth']}:{row['budget']}"
+    lookup = f"+{row['tree_lookup']}" if row.get("tree_lookup") else ""
+    return f"{row['tree_topk']}x{row['tree_depth']}:{row['budget']}{lookup}"
 
 
 def verify_table(curve: list[dict[str, Any]]) -> str:

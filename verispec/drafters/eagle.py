@@ -13,6 +13,8 @@ since the last one (their features arrive through `observe`), then drafts:
   next frontier, fed to the head in one forward with a tree attention mask; after tree_depth
   levels every candidate is reranked and the best num_speculative_tokens (closed under
   ancestors) form the tree the target verifies. Nodes are deterministic (point-mass drafts).
+  With a Lookup, a prompt-lookup chain (drafters/ngram.py) is grafted onto the tree: the head
+  keeps the budget the chain does not use, and copied text is drafted at no head cost.
 
 Draft nodes' KV in the head cache is dropped at the next proposal (truncated to the rows
 computed from true features), like the draft model's rollback.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.batch import ForwardBatch, SeqChunk
+from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import (
     Drafts,
     TargetInfo,
@@ -79,9 +82,11 @@ class EagleProposer:
         tree_topk: int,
         tree_depth: int,
         target: TargetInfo,
+        lookup: Lookup | None = None,
     ) -> None:
         check_topk(tree_topk, head.config.draft_vocab_size)
         self.head = head
+        self.lookup = lookup  # trees only: a prompt-lookup chain grafted onto each
         self.target = target
         self.topk = tree_topk
         self.depth = tree_depth if tree_topk > 1 else num_speculative_tokens
@@ -130,7 +135,13 @@ class EagleProposer:
         out, logits = self._catch_up(requests, states)  # [n, hidden], [n, draft vocab]
         if self.topk == 1:
             return self._chain(requests, states, ks, out, logits)
-        trees = self._trees(requests, states, ks, out, logits)
+        if self.lookup is None:
+            trees = self._trees(requests, states, ks, out, logits)
+        else:  # the head's tree keeps room for the lookup chain, grafted after
+            chains = [self.lookup.chain(r, k - 1) for r, k in zip(requests, ks, strict=True)]
+            own = [k - len(c) for k, c in zip(ks, chains, strict=True)]
+            trees = self._trees(requests, states, own, out, logits)
+            trees = [t.graft(c) for t, c in zip(trees, chains, strict=True)]
         return Drafts(token_ids=[t.token_ids for t in trees], probs=None, trees=trees)
 
     def _caught_up_state(self, request: Request) -> _HeadState:

@@ -7,6 +7,7 @@ vLLM's n-gram proposer).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from verispec.drafters.proposer import Drafts
 from verispec.request import Request
@@ -77,6 +78,21 @@ def _longest_match(rev: list[int], max_n: int) -> tuple[int, int]:
                 break
         r += 1
     return best_r, best_n
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Prompt-lookup settings of a drafter that grafts lookups onto its trees."""
+
+    tokens: int
+    """Longest chain grafted."""
+    min_n: int
+    max_n: int
+
+    def chain(self, request: Request, budget: int) -> list[int]:
+        """The lookup continuation of request's context: at most min(tokens, budget) ids."""
+        k = max(0, min(self.tokens, budget))
+        return propose_ngram(request.all_token_ids, self.min_n, self.max_n, k)
 
 
 class NgramProposer:

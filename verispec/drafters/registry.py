@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.medusa import MedusaProposer
-from verispec.drafters.ngram import NgramProposer
+from verispec.drafters.ngram import Lookup, NgramProposer
 from verispec.drafters.proposer import Proposer, TargetInfo
 from verispec.models.eagle import load_eagle_head
 from verispec.models.linear import choose_backend
@@ -33,6 +33,9 @@ class Method:
     """Drafts with a head over the target's features (SpecConfig.model is its directory)."""
     takes_tree: bool = False
     """May draft a tree: reads SpecConfig.tree_topk / tree_depth."""
+    grafts_lookup: bool = False
+    """May graft a prompt-lookup chain onto its trees (SpecConfig.prompt_lookup_tokens, with
+    prompt_lookup_min / prompt_lookup_max)."""
 
     @property
     def takes_model(self) -> bool:
@@ -44,8 +47,12 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype)
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
                            target.batch_invariant, spec.quantization)  # fmt: skip
+    lookup = None
+    if spec.prompt_lookup_tokens is not None:
+        lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min or 2,
+                        spec.prompt_lookup_max or 4)  # fmt: skip
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
-                         spec.tree_depth or 1, target)  # fmt: skip
+                         spec.tree_depth or 1, target, lookup)  # fmt: skip
 
 
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
@@ -68,7 +75,7 @@ _METHODS: dict[str, Method] = {
         lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
         takes_prompt_lookup=True,
     ),
-    "eagle": Method(_eagle, takes_head=True, takes_tree=True),
+    "eagle": Method(_eagle, takes_head=True, takes_tree=True, grafts_lookup=True),
     "medusa": Method(_medusa, takes_head=True, takes_tree=True),
 }
 

@@ -54,6 +54,23 @@ class DraftTree:
         """A tree of width 1: chain([4, 8]) has parents [-1, 0]."""
         return cls(list(token_ids), list(range(-1, len(token_ids) - 1)))
 
+    def graft(self, chain: Sequence[int]) -> DraftTree:
+        """This tree with the path `chain` (tokens from the root down) added: the chain follows
+        existing nodes while their tokens match and appends the rest below the last match, so
+        siblings stay distinct. E.g. token_ids [5, 7, 2], parents [-1, -1, 0] grafted with
+        [5, 3, 8] gives token_ids [5, 7, 2, 3, 8], parents [-1, -1, 0, 0, 3]."""
+        tokens, parents = list(self.token_ids), list(self.parents)
+        node = -1
+        for token in chain:
+            match = next((i for i in range(len(tokens))
+                          if parents[i] == node and tokens[i] == token), None)  # fmt: skip
+            if match is None:
+                tokens.append(token)
+                parents.append(node)
+                match = len(tokens) - 1
+            node = match
+        return DraftTree(tokens, parents)
+
     @property
     def num_nodes(self) -> int:
         """Draft nodes, not counting the root."""
