@@ -290,22 +290,26 @@ def test_readme_main_job_answers_in_a_real_process(smollm2_path: Path) -> None:
     assert "tokens/s" in stats and "drafts" in stats, stats
 
 
-def test_default_model_drafts_with_prompt_lookup() -> None:
+def test_default_model_drafts_with_its_head_and_prompt_lookup() -> None:
     def spec(*args: str) -> object:
         return spec_config(build_parser().parse_args(["generate", "x", *args]))
 
     assert spec() == "auto"
-    assert default_speculative(None) == SpecConfig(method=MODEL_FREE_METHOD)
-    k2 = spec("--k", "2")
-    assert (k2.method, k2.num_speculative_tokens, k2.model) == (MODEL_FREE_METHOD, 2, None)
+    auto = default_speculative(None)
+    assert auto == own_speculative(None, HEAD_METHOD)
+    assert auto.tree_topk > 1 and auto.prompt_lookup_tokens  # a head tree with a lookup grafted
+    k2 = spec("--k", "2")  # the same head, as a chain of 2
+    assert (k2.method, k2.num_speculative_tokens, k2.model) == (HEAD_METHOD, 2, auto.model)
+    lookup = spec("--method", MODEL_FREE_METHOD)
+    assert (lookup.method, lookup.model) == (MODEL_FREE_METHOD, None)
     assert spec("--method", PLAIN) is None
     with pytest.raises(ValueError, match="needs --draft"):
         spec("--method", next(m for m in method_names() if method_takes_draft(m)))
 
 
 def test_head_method_without_draft_uses_the_models_shipped_head() -> None:
-    """The default model ships an EAGLE head (not its auto drafter): --method alone takes it
-    with its tuned tree; with --k the same head drafts a chain of k; it loads by name too."""
+    """The default model ships an EAGLE head: --method alone takes it with its tuned tree;
+    with --k the same head drafts a chain of k; it loads by name too."""
 
     def spec(*args: str) -> object:
         return spec_config(build_parser().parse_args(["generate", "x", *args]))

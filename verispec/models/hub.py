@@ -69,7 +69,7 @@ NAMED_MODELS = MappingProxyType({
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             download_mb=93,
         ),
-        head="smollm2-135m-instruct-eagle",
+        head="smollm2-135m-instruct-eagle", auto_head=True,
     ),
     "embedded-code": NamedModel(
         description="verispec's own 22M Python-code model, trained on the standard library",
