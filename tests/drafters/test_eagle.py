@@ -20,8 +20,10 @@ from conftest import make_checkpoint
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.batch import ForwardBatch
+from verispec.config import own_speculative
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
+from verispec.drafters.registry import HEAD_METHOD
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Scheduler
 from verispec.kv import BlockAllocator, BlockTable
@@ -534,3 +536,17 @@ def test_a_one_token_prompt(trained: Trained, plain: dict) -> None:
     prompts = [[5], trained.prompts[0]]
     out = eagle(trained, 12, 3, 4).generate(prompts, GREEDY)
     assert_same(out, plain_generate(plain, trained, prompts, GREEDY))
+
+
+def test_shipped_code_head_keeps_the_greedy_output() -> None:
+    """The embedded code model's own head, with its tuned tree and grafted lookup: greedy
+    output equals plain decoding, and it drafts well (mean acceptance length 3.14 on these
+    prompts; an untrained head gets about 1)."""
+    spec = own_speculative("embedded-code", HEAD_METHOD)
+    assert spec is not None and spec.prompt_lookup_tokens
+    prompts = ["def read_config(path):\n", "class Queue:\n    def __init__(self):", "import os"]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    plain = LLM(model="embedded-code", speculative=None, batch_invariant=True)
+    head = LLM(model="embedded-code", speculative=spec, batch_invariant=True)
+    assert_same(head.generate(prompts, params), plain.generate(prompts, params))
+    assert head.engine.spec_stats.mean_acceptance_length > 2.0
