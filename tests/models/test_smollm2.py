@@ -104,9 +104,9 @@ def test_ngram_speculation_keeps_the_greedy_output(
 def test_shipped_eagle_head_keeps_the_greedy_output_and_drafts_well(
     smollm2_path: Path, llm: LLM, hf_tokenizer
 ) -> None:
-    """The head shipped for the default model, with the tree it was tuned with: greedy output
-    equals plain decoding, and the head earns its keep (a measured mean acceptance length of
-    2.47 on the code question here; an untrained head gets about 1.0)."""
+    """The head shipped for the default model, with the tree and grafted lookup it was tuned
+    with: greedy output equals plain decoding, and the head earns its keep (a measured mean
+    acceptance length of 3.13 on the code question here; an untrained head gets about 1.0)."""
     spec = own_speculative(None, HEAD_METHOD)
     assert spec is not None and spec.tree_topk > 1
     prompts = [chat_ids(hf_tokenizer, q) for q in SPEC_QUESTIONS]
@@ -116,4 +116,4 @@ def test_shipped_eagle_head_keeps_the_greedy_output_and_drafts_well(
                       linear_backend=BACKEND).generate(prompts, params)  # fmt: skip
     for a, b in zip(plain, speculative, strict=True):
         assert b.token_ids == a.token_ids
-    assert speculative[1].metrics.mean_acceptance_length > 1.8
+    assert speculative[1].metrics.mean_acceptance_length > 2.2
