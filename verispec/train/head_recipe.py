@@ -148,10 +148,11 @@ def training_prompts(recipe: HeadRecipe, llm: LLM, split: str) -> list[list[int]
 
 def _data(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
     """Responses (greedy and sampled) and features, for the training and held-out prompts.
-    The target runs in float32 on any device; an accelerator batches wider."""
+    The target runs in float32 on any device; an accelerator batches wider (256 sequences
+    sharing a KV cache of 256 x 2048 tokens: GPU memory is allocated up front)."""
     wide = device.type != "cpu"
     llm = LLM(model=recipe.target, speculative=None, dtype="float32", device=str(device),
-              max_num_seqs=256 if wide else 32, max_model_len=2048 if wide else None,
+              max_num_seqs=256 if wide else 32, num_blocks=256 * 128 if wide else None,
               max_num_batched_tokens=4096 if wide else 512, seed=recipe.seed)  # fmt: skip
     layers = stored_layers(recipe, llm.engine.model.config)
     paged = PagedModel(llm.engine.model, num_blocks=2048 if wide else 256, block_size=16)
