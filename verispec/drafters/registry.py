@@ -48,9 +48,8 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
                            target.batch_invariant, spec.quantization)  # fmt: skip
     lookup = None
-    if spec.prompt_lookup_tokens is not None:
-        lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min or 2,
-                        spec.prompt_lookup_max or 4)  # fmt: skip
+    if spec.prompt_lookup_tokens is not None:  # SpecConfig then filled in the n-gram bounds
+        lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
                          spec.tree_depth or 1, target, lookup)  # fmt: skip
 

@@ -47,6 +47,7 @@ from verispec.train.prompts import build_prompts
 from verispec.train.trainer import LossFn, TrainConfig, load_trained, to_device, train
 
 HEAD_STAGES = ("data", "train", "export")
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -192,23 +193,20 @@ def head_columns(recipe: HeadRecipe, target: ModelConfig) -> slice:
     return slice(0, n * h)
 
 
-def _records(directory: Path, device: torch.device | None = None) -> list[dict[str, Any]]:
-    """The feature records of a run (or its heldout/) directory, their tensors on device
-    (default: memory-mapped on the CPU)."""
+def _records(directory: Path, device: torch.device = CPU) -> list[dict[str, Any]]:
+    """The feature records of a run (or its heldout/) directory, their tensors on device (on
+    the CPU they stay memory-mapped: moving there is a no-op)."""
     paths = sorted((directory / "features").glob("features-*.pt"))
     if not paths:
         raise ValueError(f"no features in {directory / 'features'}; run the data stage first")
-    records = load_features(paths)
-    if device is None or device.type == "cpu":
-        return list(records)
-    return [to_device(r, device) for r in records]
+    return [to_device(r, device) for r in load_features(paths)]
 
 
 def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slice]:
     """A fresh head of the recipe's kind and the feature columns it reads. Its draft
     vocabulary is the training responses' most frequent tokens; its LM head rows start as
     the target's rows of those tokens."""
-    target = load_model(resolve_model_path(recipe.target), torch.float32, torch.device("cpu"),
+    target = load_model(resolve_model_path(recipe.target), torch.float32, CPU,
                         "torch")  # fmt: skip
     examples = read_responses(sorted((run_dir / "responses").rglob("responses-*.jsonl")))
     counts = token_frequencies(examples, target.config.vocab_size)
