@@ -261,6 +261,7 @@ def _generate(args: argparse.Namespace) -> int:
         "k": spec.num_speculative_tokens if spec else None,
         "draft": spec.model if spec else None,
         "batch_invariant": args.batch_invariant,
+        "compile": args.compile,
         "quantization": args.quantization,
         "draft_quantization": spec.quantization if spec else None,
     }

@@ -67,6 +67,9 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
     cmd.add_argument("--batch-invariant", action="store_true",
                      help="logits independent of batch mates: speculative greedy output equals "
                      "plain greedy output bit for bit (slower)")  # fmt: skip
+    cmd.add_argument("--compile", action="store_true",
+                     help="run the model's layers through torch.compile: faster steps after a "
+                     "compilation at start (tens of seconds; a C++ compiler on CPU)")  # fmt: skip
 
 
 SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
@@ -184,7 +187,7 @@ def load_llm(args: argparse.Namespace) -> LLM:
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
-        quantization=args.quantization,
+        quantization=args.quantization, compile=args.compile,
     )  # fmt: skip
 
 

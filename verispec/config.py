@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD, method
+from verispec.models.compiled import check_compile
 from verispec.models.default import shipped_head
 from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
 from verispec.models.linear import LinearBackend
@@ -55,13 +56,19 @@ class EngineConfig:
     linear_backend: LinearBackend = "auto"
     """Kernel for linear layers: auto, torch, onednn (prepacked), or fp16 (float16-stored
     weights, float32 compute; only for weights float16 holds exactly); the last two float32
-    on CPU only. auto picks fp16, else onednn, per weight on a float32 CPU, else torch."""
+    on CPU only. auto picks fp16, else onednn (torch on Intel CPUs, where MKL is faster), per
+    weight on a float32 CPU, else torch; with compile, torch."""
     quantization: str | None = None
     """Round the target's linear weights at load: None (off), fp16 or int8 (per channel).
     Output is then lossless with respect to the quantized target, not the checkpoint."""
     batch_invariant: bool = False
     """Compute every token row on its own so its logits never depend on its batch mates
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
+    compile: bool = False
+    """Run the target's (and a draft model's) decoder stack through torch.compile: fused
+    elementwise work and fewer operator calls per step, after a compilation at the first
+    steps (tens of seconds; inductor caches it on disk). Needs a C++ compiler on the CPU;
+    falls back to eager with a warning when compilation fails. Not with batch_invariant."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
@@ -70,6 +77,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
+        check_compile(self.compile, self.batch_invariant)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

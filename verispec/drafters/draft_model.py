@@ -50,6 +50,7 @@ class DraftModelProposer:
         loaded = load_model(
             path, target.dtype, target.device, target.linear_backend,
             batch_invariant=target.batch_invariant, quantization=quantization,
+            compile=target.compile,
         )  # fmt: skip
         needed = min(target.vocab_size, tokenizer.vocab_size)  # ids the target can feed it
         check_embedding_covers(loaded.config.vocab_size, needed, path)

@@ -35,6 +35,8 @@ class TargetInfo:
     linear_backend: str
     """Kernel choice for linear layers, as EngineConfig.linear_backend."""
     batch_invariant: bool
+    compile: bool
+    """Compile a draft model's decoder stack too (EngineConfig.compile)."""
     model: LlamaModel
     """The target itself (feature-level heads share its embedding and read its layers)."""
 

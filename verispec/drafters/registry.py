@@ -44,9 +44,9 @@ class Method:
 
 
 def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
-    backend = choose_backend(target.linear_backend, target.device, target.dtype)
+    backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
-                           target.batch_invariant, spec.quantization)  # fmt: skip
+                           target.batch_invariant, spec.quantization, target.compile)  # fmt: skip
     lookup = None
     if spec.prompt_lookup_tokens is not None:  # SpecConfig then filled in the n-gram bounds
         lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -55,7 +55,7 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
 
 
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
-    backend = choose_backend(target.linear_backend, target.device, target.dtype)
+    backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
                               target.batch_invariant, spec.quantization)  # fmt: skip
     k = spec.num_speculative_tokens

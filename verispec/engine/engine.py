@@ -48,6 +48,7 @@ class Engine:
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,
             batch_invariant=config.batch_invariant, quantization=config.quantization,
+            compile=config.compile,
         )  # fmt: skip
         self.tokenizer = Tokenizer(self.model_path)
         model_len = self.model.config.max_position_embeddings
@@ -83,7 +84,7 @@ class Engine:
                 device=self.device, dtype=dtype, max_model_len=self.max_model_len,
                 num_blocks=num_blocks, generator=generator, block_size=block_size,
                 max_num_seqs=config.max_num_seqs, linear_backend=config.linear_backend,
-                batch_invariant=config.batch_invariant, model=self.model,
+                batch_invariant=config.batch_invariant, compile=config.compile, model=self.model,
             )  # fmt: skip
             self.proposer = make_proposer(spec, target)
         self.feature_drafter = (

@@ -31,19 +31,31 @@ class KVCache:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = zeros(shape, dtype, torch.device(device))  # [layers, slots, kv_heads, head_dim]
-        self.v = zeros(shape, dtype, torch.device(device))  # [layers, slots, kv_heads, head_dim]
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        device = torch.device(device)
+        # One tensor per layer, not one stacked tensor: a compiled forward then writes each in
+        # place (a write into a slice of a shared base would be traced as a copy of the base).
+        self.k = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
+        self.v = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [T, kv_heads, head_dim] of the new tokens at slots [T]."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        """Store k, v [T, kv_heads, head_dim] of the new tokens at slots [T] (index_put_, which
+        torch.compile keeps in place on a graph input)."""
+        self.k[layer].index_put_((slots,), k)
+        self.v[layer].index_put_((slots,), v)
+
+    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's keys and values at slots [n] -> [layers, n, kv_heads, head_dim] each
+        (a copy, for inspection and tests)."""
+        return (
+            torch.stack([k.index_select(0, slots) for k in self.k]),
+            torch.stack([v.index_select(0, slots) for v in self.v]),
+        )
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at slots [...] -> [..., kv_heads, head_dim] each."""
         flat = slots.reshape(-1)  # index_select: one memcpy per slot, ~5x faster than [slots]
-        shape = (*slots.shape, *self.k.shape[2:])
+        shape = (*slots.shape, *self.k[layer].shape[1:])
         return (
             self.k[layer].index_select(0, flat).view(shape),
             self.v[layer].index_select(0, flat).view(shape),
@@ -52,13 +64,13 @@ class KVCache:
     def window(self, layer: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of consecutive slots [start, stop), in place: [1, stop - start,
         kv_heads, head_dim] views each (what gather returns for one sequence, without a copy)."""
-        return self.k[layer, start:stop][None], self.v[layer, start:stop][None]
+        return self.k[layer][start:stop][None], self.v[layer][start:stop][None]
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's keys and values from slots src [n] to slots dst [n] (all sources
         are read before any destination is written): moves an accepted tree path into place."""
-        for cache in (self.k, self.v):
-            cache.index_copy_(1, dst, cache.index_select(1, src))
+        for cache in (*self.k, *self.v):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
 
     @staticmethod
     def bytes_per_token(

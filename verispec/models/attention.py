@@ -24,6 +24,10 @@ class AttentionLayout:
     row_keys: dict[int | None, list[tuple[int, slice | torch.Tensor]]] | None
     """Batch-invariant mode only: per window, each flat row's (sequence, visible key indices)."""
 
+    def tensors(self) -> list[torch.Tensor | None]:
+        """The per-step tensors of the layout (None where absent)."""
+        return [self.q_rows, self.q_valid, self.kv_slots, *self.masks.values()]
+
     @classmethod
     def build(
         cls, batch: ForwardBatch, windows: set[int | None], row_wise: bool = False

@@ -22,6 +22,7 @@ row before (drafting deeper than the target has seen).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout
+from verispec.models.compiled import CompiledStack, check_compile, mark_dynamic
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.linear import Linear
@@ -194,6 +196,8 @@ class EagleHead:
         self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, None).to(
             self.device
         )
+        self.compiled: CompiledStack | None = None
+        """The head's step under torch.compile (see compile); None = eager."""
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -215,17 +219,41 @@ class EagleHead:
         """One head step over a ragged batch; feature [T, hidden] per row (fused target
         features or the head's own output). Returns out [T, hidden] (the next rows' feature)
         and draft logits [L, draft vocab] float32 for batch.logits_indices."""
-        eps = self.config.rms_norm_eps
         layout = AttentionLayout.build(batch, {None}, self.batch_invariant)
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim]
-        e = rms_norm(self.embed.index_select(0, batch.input_ids), self.layer.input_norm, eps)
+        step = self.compiled or self.step
+        if self.compiled is not None:
+            mark_dynamic(batch.input_ids, batch.positions, batch.slot_mapping, feature,
+                         batch.logits_indices, *layout.tensors())  # fmt: skip
+        return step(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv, feature,
+                    batch.logits_indices)  # fmt: skip
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        layout: AttentionLayout,
+        kv: KVCache,
+        feature: torch.Tensor,
+        logits_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward after the layout is built; what `compile` traces (input_ids, positions,
+        slot_mapping [T]; feature [T, hidden]; logits_indices [L])."""
+        eps = self.config.rms_norm_eps
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim]
+        e = rms_norm(self.embed.index_select(0, input_ids), self.layer.input_norm, eps)
         x = torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)  # [T, 2 * hidden]
-        y = feature + self_attention(self.layer_config, 0, self.layer, x, batch, kv, layout,
-                                     cos, sin)  # fmt: skip
+        y = feature + self_attention(self.layer_config, 0, self.layer, x, slot_mapping, kv,
+                                     layout, cos, sin)  # fmt: skip
         gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
         out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
-        rows = out.index_select(0, batch.logits_indices)
+        rows = out.index_select(0, logits_indices)
         return out, self.lm_head(rms_norm(rows, self.norm, eps)).float()
+
+    def compile(self, backend: str | Callable = "inductor") -> None:
+        """Run the head's step through torch.compile from now on (models/compiled.py)."""
+        check_compile(True, self.batch_invariant)
+        self.compiled = CompiledStack(self.step, backend)
 
 
 def check_head_fits(config: EagleConfig, target: LlamaModel) -> None:
@@ -254,15 +282,20 @@ def load_eagle_head(
     backend: str,
     batch_invariant: bool = False,
     quantization: str | None = None,
+    compile: bool = False,
 ) -> EagleHead:
-    """Read a head directory (config.json + *.safetensors) for `target`."""
+    """Read a head directory (config.json + *.safetensors) for `target`; compile as for
+    load_model."""
 
     def parse(raw: dict[str, Any]) -> tuple[EagleConfig, dict[str, tuple[int, ...]]]:
         config = EagleConfig.from_dict(raw)
         return config, config.tensor_shapes()
 
     config, weights = read_head_dir(path, "EAGLE head", parse)
-    return EagleHead(config, weights, target, backend, batch_invariant, quantization)
+    head = EagleHead(config, weights, target, backend, batch_invariant, quantization)
+    if compile:
+        head.compile()
+    return head
 
 
 def save_eagle_head(

@@ -28,6 +28,18 @@ def fp16_kernel_available() -> bool:
     )
 
 
+def intel_cpu() -> bool:
+    """True on an Intel CPU (/proc/cpuinfo's vendor_id), where torch's F.linear (MKL) streams
+    float32 weights faster than oneDNN's prepacked kernel: on a 2-core Xeon with AMX, SmolLM2's
+    decode step took 55 ms with F.linear and 76-90 ms with oneDNN. On AMD EPYC MKL falls back
+    to slow generic code and oneDNN is about 1.7x faster (benchmarks/README.md)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in info)
+    except OSError:
+        return False
+
+
 def exactly_fp16(weight: torch.Tensor) -> bool:
     """True when every value of weight survives a round trip through float16 unchanged.
 
@@ -42,13 +54,24 @@ def exactly_fp16(weight: torch.Tensor) -> bool:
     )
 
 
-def choose_backend(backend: LinearBackend, device: torch.device, dtype: torch.dtype) -> str:
+def choose_backend(
+    backend: LinearBackend, device: torch.device, dtype: torch.dtype, compile: bool = False
+) -> str:
     """Check a requested backend against the device and compute dtype (before any weight is read).
 
-    "auto" on a float32 CPU model becomes the per-weight choice described in `kernel_for`.
+    "auto" on a float32 CPU model becomes the per-weight choice described in `kernel_for`; with
+    compile, "torch": the prepacked oneDNN and FBGEMM float16 weights are opaque objects that
+    torch.compile cannot trace, while plain weights become the compiler's own library products.
     """
     if backend not in BACKENDS:
         raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if compile:
+        if backend in ("onednn", "fp16"):
+            raise ValueError(
+                f"linear_backend={backend!r} cannot be compiled (its prepacked weights are opaque "
+                "to torch.compile); use linear_backend='auto' or 'torch' with compile"
+            )
+        return "torch"
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if backend == "onednn" and not (cpu_fp32 and onednn_available()):
         raise ValueError(
@@ -73,8 +96,8 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 
     "auto" (float32 CPU): "fp16" when the weight is exactly representable in float16 (it
     streams half the bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on this
-    AMD CPU, about as fast at 16 rows; benchmarks/linear_kernels.py), else prepacked oneDNN,
-    else torch's F.linear.
+    AMD CPU, about as fast at 16 rows; benchmarks/linear_kernels.py), else torch's F.linear
+    on an Intel CPU (MKL; see intel_cpu), else prepacked oneDNN where available, else torch.
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
@@ -95,7 +118,7 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
         return backend
     if fp16_kernel_available() and exactly_fp16(weight):
         return "fp16"
-    return "onednn" if onednn_available() else "torch"
+    return "onednn" if onednn_available() and not intel_cpu() else "torch"
 
 
 class Linear:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout, paged_attention
+from verispec.models.compiled import CompiledStack, check_compile, mark_dynamic
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
 from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
@@ -69,6 +70,8 @@ class LlamaModel:
         self.windows = {layer.window for layer in layers}
         self.batch_invariant = batch_invariant
         """Attention row by row over exactly its visible keys (see Linear.row_wise)."""
+        self.compiled: CompiledStack | None = None
+        """The decoder stack under torch.compile (see compile); None = eager."""
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""
@@ -108,19 +111,43 @@ class LlamaModel:
         last layer, before the final norm), as EAGLE-3 reads its low, middle and high layers."""
         self.check_feature_layers(feature_layers)
         layout = AttentionLayout.build(batch, self.windows, self.batch_invariant)
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, head_dim] each
-        x = self.embed.index_select(0, batch.input_ids)  # [T, hidden]
+        stack = self.compiled or self.decoder_stack
+        if self.compiled is not None:
+            mark_dynamic(batch.input_ids, batch.positions, batch.slot_mapping, *layout.tensors())
+        return stack(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv,
+                     tuple(feature_layers))  # fmt: skip
+
+    def decoder_stack(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        layout: AttentionLayout,
+        kv: KVCache,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """hidden_states after the layout is built: embed, every layer, final norm; the part
+        `compile` traces into one graph (input_ids, positions, slot_mapping [T] each)."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim] each
+        x = self.embed.index_select(0, input_ids)  # [T, hidden]
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in feature_layers:
                 captured[i] = x
             normed = rms_norm(x, layer.input_norm, self._eps)
-            x = x + self_attention(self.config, i, layer, normed, batch, kv, layout, cos, sin)
+            x = x + self_attention(self.config, i, layer, normed, slot_mapping, kv, layout, cos,
+                                   sin)  # fmt: skip
             h = layer.gate_up(rms_norm(x, layer.post_norm, self._eps))  # [T, 2 * inter]
             gate, up = h.chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         captured[len(self.layers)] = x
         return rms_norm(x, self.final_norm, self._eps), [captured[i] for i in feature_layers]
+
+    def compile(self, backend: str | Callable = "inductor") -> None:
+        """Run the decoder stack through torch.compile from now on (models/compiled.py).
+        Batch-invariant mode stays eager: its row-by-row products are the exactness reference."""
+        check_compile(True, self.batch_invariant)
+        self.compiled = CompiledStack(self.decoder_stack, backend)
 
     def check_feature_layers(self, feature_layers: Sequence[int]) -> None:
         """Feature layer ids must name residual streams this model has: 0..num_layers."""
@@ -145,7 +172,7 @@ def self_attention(
     index: int,
     layer: DecoderLayer,
     x: torch.Tensor,
-    batch: ForwardBatch,
+    slot_mapping: torch.Tensor,
     kv: KVCache,
     layout: AttentionLayout,
     cos: torch.Tensor,
@@ -167,7 +194,7 @@ def self_attention(
         )
     qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one pass
     q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
-    kv.write(index, batch.slot_mapping, k, v)
+    kv.write(index, slot_mapping, k, v)  # slot_mapping [T]
     if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
         keys, values = kv.window(index, *layout.kv_range)  # [1, C, KVH, D] each
     else:

@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from verispec.models.compiled import check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.default import shipped_head
 from verispec.models.gguf import is_gguf, read_gguf
@@ -152,16 +153,19 @@ def load_model(
     progress: bool = False,
     batch_invariant: bool = False,
     quantization: str | None = None,
+    compile: bool = False,
 ) -> LlamaModel:
     """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
     from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights;
     after the first load, read from its converted copy in the cache: see gguf_cache.py).
 
     quantization (None, "fp16", "int8") rounds every linear layer's weight, the LM head
-    included; the embedding table stays as stored.
+    included; the embedding table stays as stored. compile runs the decoder stack through
+    torch.compile (models/compiled.py).
     """
     check_quantization(quantization)
-    backend = choose_backend(linear_backend, device, dtype)
+    check_compile(compile, batch_invariant)
+    backend = choose_backend(linear_backend, device, dtype, compile)
     checkpoint = cached_checkpoint(path, progress) if is_gguf(path) else path
     if checkpoint is None:  # a GGUF file the cache cannot hold: read it directly
         config, weights = read_gguf(path, dtype, device, progress)
@@ -170,7 +174,10 @@ def load_model(
         config = ModelConfig.from_file(checkpoint / "config.json")
         weights = _read_safetensors(checkpoint, dtype, device, progress)
         source = f"checkpoint {checkpoint}"
-    return build_model(config, weights, backend, batch_invariant, quantization, source)
+    model = build_model(config, weights, backend, batch_invariant, quantization, source)
+    if compile:
+        model.compile()
+    return model
 
 
 def build_model(

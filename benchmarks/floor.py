@@ -1,0 +1,104 @@
+"""Decode and verify steps against the weight-streaming floor, per model, dtype and mode.
+
+For each model: the bytes of weights a decode token must read, this machine's read bandwidth
+(measured in the same run), the floor (bytes / bandwidth), the median time of one decode step
+and its ratio to the floor; then one verify forward of q = 2, 4, 8, 16 tokens as t(q) / t(1);
+and the embedded pair's draft cost ratio c (one draft step / one target step). Eager and
+compiled (torch.compile) modes are measured one after the other in the same process.
+See benchmarks/README.md for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from verispec.bench.floor import GIB, FloorRow, measure, read_bandwidth
+from verispec.bench.main import print_settings, run_facts
+from verispec.models.default import embedded_model_path
+from verispec.models.hub import pull
+from verispec.models.loader import load_model
+
+MODELS = {  # label -> (path getter, quantization)
+    "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),
+    "smollm2-fp16": (lambda: pull("smollm2-135m-instruct"), "fp16"),
+    "embedded-target": (lambda: embedded_model_path("target"), None),
+    "embedded-draft": (lambda: embedded_model_path("draft"), None),
+}
+QS = (1, 2, 4, 8, 16)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled")
+    p.add_argument("--repeats", type=int, default=20, help="timed rounds per q (medians)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None, help="write {settings, rows} here")
+    args = p.parse_args()
+    args.models, args.modes = args.models.split(","), args.modes.split(",")
+    bad = [m for m in args.models if m not in MODELS] + [
+        m for m in args.modes if m not in ("eager", "compiled")
+    ]
+    if bad or args.repeats < 1 or args.threads < 1:
+        p.error(f"unknown models or modes {bad}, or --repeats/--threads below 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    dram = read_bandwidth(GIB)
+    rows: list[FloorRow] = []
+    for label in args.models:
+        path_of, quantization = MODELS[label]
+        for mode in args.modes:
+            model = load_model(path_of(), torch.float32, torch.device("cpu"),
+                               quantization=quantization, compile=mode == "compiled")  # fmt: skip
+            print(f"measuring {label} ({mode}) ...", file=sys.stderr, flush=True)
+            rows.append(measure(model, label, mode, QS, args.repeats, dram))
+            del model
+    settings = {
+        "threads": args.threads, "repeats": args.repeats, "context": "256 tokens (warm cache)",
+        "dtype": "float32 compute", "read bandwidth (1 GiB)": f"{dram / 1e9:.1f} GB/s",
+        **run_facts(load_before),
+    }  # fmt: skip
+    print_settings(settings)
+    print_table(rows)
+    print_draft_cost(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}))
+
+
+def print_table(rows: list[FloorRow]) -> None:
+    print("\n| model | mode | weight MB read / floor | BW GB/s (same size) | floor ms | "
+          "decode ms | decode / floor | decode / cached floor | "
+          + " | ".join(f"t({q})/t(1)" for q in QS[1:]) + " |")  # fmt: skip
+    print("|" + "---|" * (8 + len(QS) - 1))
+    for r in rows:
+        curve = " | ".join(f"{r.verify_ms[q] / r.decode_ms:.2f}" for q in QS[1:])
+        print(f"| {r.model} | {r.mode} | {r.weights.read / 1e6:.0f} / {r.weights.floor / 1e6:.0f} "
+              f"| {r.bandwidth / 1e9:.1f} | {r.floor_ms:.1f} | {r.decode_ms:.1f} | {r.ratio:.2f} "
+              f"| {r.decode_ms / r.cached_floor_ms:.2f} | {curve} |")  # fmt: skip
+
+
+def print_draft_cost(rows: list[FloorRow]) -> None:
+    """c = one draft decode step / one target decode step, per mode, for the embedded pair."""
+    by = {(r.model, r.mode): r for r in rows}
+    for mode in ("eager", "compiled"):
+        target, draft = by.get(("embedded-target", mode)), by.get(("embedded-draft", mode))
+        if target and draft:
+            c = draft.decode_ms / target.decode_ms
+            print(f"embedded pair, {mode}: draft cost ratio c = {draft.decode_ms:.2f} / "
+                  f"{target.decode_ms:.2f} ms = {c:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""How far a decode step is from the weight-streaming floor (docs/design.md, 6).
+
+At batch size 1 a decode step reads every weight once, so it takes at least
+(bytes of weights) / (memory read bandwidth). This module measures both sides in one run: the
+bytes a model's weights need per token, the machine's read bandwidth, a decode step's median
+time and the verify curve t(q) / t(1). `benchmarks/floor.py` prints them per model, dtype and
+mode (eager or compiled).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from verispec.bench.verify_cost import verify_cost_curve
+from verispec.models.linear import Linear, exactly_fp16
+from verispec.models.llama import LlamaModel
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """Bytes of linear weights a decode token reads (embedding rows and norms are negligible)."""
+
+    read: int  # what this model's kernels read (a float32 copy of float16 values reads 4 B each)
+    floor: int  # what the values need: 2 B for float16-exact values, 1 B + scales for int8, else 4
+
+
+def linear_bytes(linear: Linear) -> WeightBytes:
+    """Bytes of one linear layer's weight and bias, as stored by its kernel and at the least."""
+    n = linear.out_features * linear.in_features
+    bias = 0 if linear.bias is None else 4 * linear.out_features
+    if linear.kernel == "int8":
+        size = n + 4 * linear.out_features + bias  # int8 values + float32 scales
+        return WeightBytes(size, size)
+    if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
+        return WeightBytes(2 * n + bias, 2 * n + bias)
+    weight = linear.weight
+    assert isinstance(weight, torch.Tensor)  # torch and onednn kernels keep tensors
+    read = n * weight.element_size() + bias
+    least = min(read, 2 * n + bias) if exactly_fp16(weight.float()) else read
+    return WeightBytes(read, least)
+
+
+def model_bytes(model: LlamaModel) -> WeightBytes:
+    """Sum over every linear layer a decode token runs, the LM head included."""
+    parts = [model.lm_head] + [
+        lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    sizes = [linear_bytes(p) for p in parts]
+    return WeightBytes(sum(s.read for s in sizes), sum(s.floor for s in sizes))
+
+
+def read_bandwidth(num_bytes: int = GIB, repeats: int = 9) -> float:
+    """Bytes per second of a plain read of num_bytes of float32 with this process's threads: the
+    faster median of torch.sum and torch.dot over repeats (each read once before timing)."""
+    x = torch.ones(max(num_bytes // 4, 1), dtype=torch.float32)
+    best = 0.0
+    for read in (lambda: x.sum(), lambda: torch.dot(x, x)):
+        read()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            read()
+            times.append(time.perf_counter() - started)
+        best = max(best, x.numel() * 4 / statistics.median(times))
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class FloorRow:
+    """One model in one mode: weight bytes, the floor, and the measured step times."""
+
+    model: str
+    mode: str  # "eager" or "compiled"
+    weights: WeightBytes
+    bandwidth: float  # bytes/s, read_bandwidth of as many bytes as the weights need
+    dram_bandwidth: float  # bytes/s, read_bandwidth of 1 GiB (beyond every cache), same run
+    decode_ms: float  # median time of one decode step (1 token, warm 256-token cache)
+    verify_ms: dict[int, float]  # q -> median time of one forward over q new tokens
+
+    @property
+    def floor_ms(self) -> float:
+        """The floor from memory: the weights' bytes at the 1 GiB read bandwidth."""
+        return 1e3 * self.weights.floor / self.dram_bandwidth
+
+    @property
+    def cached_floor_ms(self) -> float:
+        """The floor from a read of the weights' own size, which caches may serve in part (a
+        large last-level cache holds a small model between steps): the stricter bound."""
+        return 1e3 * self.weights.floor / max(self.bandwidth, self.dram_bandwidth)
+
+    @property
+    def ratio(self) -> float:
+        """Decode time / floor: 1.0 would be a step that only streams its weights."""
+        return self.decode_ms / self.floor_ms
+
+
+def measure(
+    model: LlamaModel, label: str, mode: str, qs: tuple[int, ...], repeats: int, dram: float
+) -> FloorRow:
+    """The floor and step times of one loaded model (already compiled for mode "compiled");
+    dram: read_bandwidth() of 1 GiB, measured once for the run."""
+    weights = model_bytes(model)
+    curve = verify_cost_curve(model, label, qs=qs, repeats=repeats)
+    bandwidth = read_bandwidth(weights.floor)
+    times = {point.q: point.ms for point in curve}
+    return FloorRow(label, mode, weights, bandwidth, dram, times[1], times)

@@ -1,0 +1,85 @@
+"""CompiledStack: a model's decoder stack under torch.compile, with an eager fallback.
+
+Eager PyTorch runs a decode step as some fifteen small operators per layer, each dispatched
+from Python and each waking the thread pool; on a 30-layer model that overhead is as large as
+reading the weights (docs/design.md, 6). torch.compile (inductor) traces the whole stack, the
+paged-KV writes included, into one graph: elementwise work (norms, rotary, SiLU, residuals)
+fuses into a few generated C++ loops and the matrix products run as library calls, so a step
+costs little more than reading its weights once.
+
+Shapes: a graph is traced for the first shape seen and, after the first change, retraced once
+with symbolic sizes (token count, sequence count, context length), so a run compiles a handful
+of graphs (decode, verify, prefill, with and without masks) rather than one per step.
+`num_compilations` counts them. If compilation fails (no C++ compiler, an operator the
+compiler cannot trace), the stack says why once and runs eagerly from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.exc import FailOnRecompileLimitHit
+
+log = logging.getLogger("verispec")
+
+RECOMPILE_LIMIT = 64
+"""Graphs one stack may compile before dynamo stops compiling it (its default is 8: a run with
+chains, trees, prefill chunks and feature capture can need more distinct graph variants)."""
+
+
+def check_compile(compile: bool, batch_invariant: bool) -> None:
+    """Batch-invariant mode stays eager: its row-by-row products are the exactness reference."""
+    if compile and batch_invariant:
+        raise ValueError(
+            "compile cannot be combined with batch_invariant: batch-invariant mode runs row by "
+            "row in eager mode, the exactness reference; turn one of them off"
+        )
+
+
+def mark_dynamic(*tensors: torch.Tensor | None) -> None:
+    """Trace every dimension of these per-step tensors with a symbolic size from the first
+    compilation on (sizes 0 and 1 still get graphs of their own), so that a new token count,
+    batch size or context length reuses a graph instead of tracing another."""
+    for tensor in tensors:
+        if tensor is not None:
+            for dim in range(tensor.dim()):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+class CompiledStack:
+    """Calls `eager` through torch.compile; falls back to `eager` for good if compiling fails."""
+
+    def __init__(self, eager: Callable[..., Any], backend: str | Callable = "inductor") -> None:
+        self.eager = eager
+        self.backend = backend
+        self.num_compilations = 0
+        """Graphs compiled so far (each trace that reached the backend)."""
+        self.failure: str | None = None
+        """Why compilation failed, once it has (the stack then runs eagerly)."""
+        self.compiled = torch.compile(eager, backend=self._count, fullgraph=True, dynamic=None)
+
+    def _count(self, graph: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        """The backend dynamo calls once per traced graph: count it, hand it to the real one."""
+        self.num_compilations += 1
+        if callable(self.backend):
+            return self.backend(graph, example_inputs)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(self.backend)(graph, example_inputs)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.failure is not None:
+            return self.eager(*args)
+        try:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return self.compiled(*args)
+        except (torch._dynamo.exc.TorchDynamoException, FailOnRecompileLimitHit) as error:
+            # Raised while tracing or compiling, before the graph runs: nothing was written.
+            cause = getattr(error, "inner_exception", None) or error  # the backend's own error
+            lines = str(cause).strip().splitlines()
+            self.failure = f"{type(cause).__name__}: {lines[0] if lines else ''}"
+            log.warning("verispec: torch.compile failed (%s); running eagerly", self.failure)
+            return self.eager(*args)
