@@ -139,7 +139,7 @@ def paged_attention(
         values.transpose(1, 2),
         attn_mask=layout.masks[window],
         scale=scale,
-        enable_gqa=num_heads != keys.shape[2],
+        enable_gqa=bool(num_heads != keys.shape[2]),  # a Python bool even if traced
     ).transpose(1, 2)  # [S, Q, H, D]
     out = out[0] if layout.q_valid is None else out[layout.q_valid]  # [T, H, D]
     return out.reshape(num_tokens, num_heads * head_dim)

@@ -17,6 +17,7 @@ compiler cannot trace), the stack says why once and runs eagerly from then on.
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,17 @@ def check_compile(compile: bool, batch_invariant: bool) -> None:
         )
 
 
+def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The same function (or bound method) with a code object of its own. dynamo keeps compiled
+    graphs, and its memory of which sizes changed, per code object: with a shared one, a draft
+    model's different head count would turn the target's static sizes symbolic."""
+    bound = getattr(function, "__self__", None)
+    plain = getattr(function, "__func__", function)
+    copy = types.FunctionType(plain.__code__.replace(), plain.__globals__, plain.__name__,
+                              plain.__defaults__, plain.__closure__)  # fmt: skip
+    return copy if bound is None else types.MethodType(copy, bound)
+
+
 def mark_dynamic(*tensors: torch.Tensor | None) -> None:
     """Trace every dimension of these per-step tensors with a symbolic size from the first
     compilation on (sizes 0 and 1 still get graphs of their own), so that a new token count,
@@ -59,7 +71,9 @@ class CompiledStack:
         """Graphs compiled so far (each trace that reached the backend)."""
         self.failure: str | None = None
         """Why compilation failed, once it has (the stack then runs eagerly)."""
-        self.compiled = torch.compile(eager, backend=self._count, fullgraph=True, dynamic=None)
+        self.compiled = torch.compile(
+            own_code(eager), backend=self._count, fullgraph=True, dynamic=None
+        )
 
     def _count(self, graph: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         """The backend dynamo calls once per traced graph: count it, hand it to the real one."""
