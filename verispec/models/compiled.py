@@ -7,11 +7,12 @@ paged-KV writes included, into one graph: elementwise work (norms, rotary, SiLU,
 fuses into a few generated C++ loops and the matrix products run as library calls, so a step
 costs little more than reading its weights once.
 
-Shapes: a graph is traced for the first shape seen and, after the first change, retraced once
-with symbolic sizes (token count, sequence count, context length), so a run compiles a handful
-of graphs (decode, verify, prefill, with and without masks) rather than one per step.
-`num_compilations` counts them. If compilation fails (no C++ compiler, an operator the
-compiler cannot trace), the stack says why once and runs eagerly from then on.
+Shapes: the per-step tensors are marked dynamic (mark_dynamic), so graphs are traced with
+symbolic token count, sequence count and context length; sizes 0 and 1 and absent tensors
+(masks, gather indices) make a handful of variants (decode, verify, prefill, one or several
+sequences) rather than one graph per step. `num_compilations` counts them. If compilation
+fails (no C++ compiler, an operator the compiler cannot trace), the stack says why once and
+runs eagerly from then on.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from torch._dynamo.exc import FailOnRecompileLimitHit
 log = logging.getLogger("verispec")
 
 RECOMPILE_LIMIT = 64
-"""Graphs one stack may compile before dynamo stops compiling it (its default is 8: a run with
-chains, trees, prefill chunks and feature capture can need more distinct graph variants)."""
+"""Graphs one stack may compile before dynamo stops compiling it (its default is 8: chains,
+trees, prefill chunks and batches of one or several sequences each need variants)."""
 
 
 def check_compile(compile: bool, batch_invariant: bool) -> None:
@@ -46,8 +47,11 @@ def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     model's different head count would turn the target's static sizes symbolic."""
     bound = getattr(function, "__self__", None)
     plain = getattr(function, "__func__", function)
-    copy = types.FunctionType(plain.__code__.replace(), plain.__globals__, plain.__name__,
-                              plain.__defaults__, plain.__closure__)  # fmt: skip
+    # dynamo also remembers sizes by (file, line, name): a name of its own separates those too
+    name = f"{plain.__name__}_{id(bound if bound is not None else plain):x}"
+    code = plain.__code__.replace(co_name=name, co_qualname=name)
+    copy = types.FunctionType(code, plain.__globals__, name, plain.__defaults__,
+                              plain.__closure__)  # fmt: skip
     return copy if bound is None else types.MethodType(copy, bound)
 
 
