@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -39,8 +40,7 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         return WeightBytes(size, size)
     if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
         return WeightBytes(2 * n + bias, 2 * n + bias)
-    weight = linear.weight
-    assert isinstance(weight, torch.Tensor)  # torch and onednn kernels keep tensors
+    weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias
     least = min(read, 2 * n + bias) if exactly_fp16(weight.float()) else read
     return WeightBytes(read, least)

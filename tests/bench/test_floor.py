@@ -1,0 +1,42 @@
+"""The floor benchmark's byte counts: what each kernel reads and what the values need."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.bench.floor import FloorRow, WeightBytes, linear_bytes, read_bandwidth
+from verispec.models.linear import Linear, fp16_kernel_available
+
+
+def weight(fp16_values: bool) -> torch.Tensor:
+    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    return w.half().float() if fp16_values else w + 1e-4  # 1e-4 offsets leave float16's grid
+
+
+def test_float32_weights_need_their_four_bytes() -> None:
+    assert linear_bytes(Linear(weight(False), None, "torch")) == WeightBytes(128, 128)
+
+
+def test_float16_exact_values_read_as_float32_count_two_bytes_at_the_floor() -> None:
+    bias = torch.zeros(8)
+    assert linear_bytes(Linear(weight(True), bias, "torch")) == WeightBytes(128 + 32, 64 + 32)
+
+
+def test_int8_counts_values_and_scales() -> None:
+    assert linear_bytes(Linear(weight(False), None, "auto", quantization="int8")) == WeightBytes(
+        32 + 32, 32 + 32
+    )
+
+
+@pytest.mark.skipif(not fp16_kernel_available(), reason="this torch build has no FBGEMM")
+def test_the_fp16_kernel_reads_two_bytes() -> None:
+    assert linear_bytes(Linear(weight(True), None, "fp16")) == WeightBytes(64, 64)
+
+
+def test_ratios_follow_from_bytes_and_bandwidth() -> None:
+    row = FloorRow("m", "eager", WeightBytes(200, 100), bandwidth=200.0, dram_bandwidth=100.0,
+                   decode_ms=3000.0, verify_ms={1: 3000.0})  # fmt: skip
+    assert row.floor_ms == 1000.0 and row.ratio == 3.0
+    assert row.cached_floor_ms == 500.0  # the faster (cache-served) read gives the lower floor
+    assert read_bandwidth(1 << 20, repeats=2) > 0
