@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch._dynamo.exc import FailOnRecompileLimitHit
 
+from verispec.models.attention import AttentionLayout
+
 log = logging.getLogger("verispec")
 
 RECOMPILE_LIMIT = 64
@@ -55,14 +57,17 @@ def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     return copy if bound is None else types.MethodType(copy, bound)
 
 
-def mark_dynamic(*tensors: torch.Tensor | None) -> None:
-    """Trace every dimension of these per-step tensors with a symbolic size from the first
-    compilation on (sizes 0 and 1 still get graphs of their own), so that a new token count,
-    batch size or context length reuses a graph instead of tracing another."""
-    for tensor in tensors:
-        if tensor is not None:
-            for dim in range(tensor.dim()):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+def mark_dynamic(args: Sequence[Any]) -> None:
+    """Trace every dimension of the per-step tensors among args (tensor arguments and an
+    AttentionLayout's tensors; never a KV cache's, whose sizes are fixed) with a symbolic size
+    from the first compilation on (sizes 0 and 1 still get graphs of their own), so that a new
+    token count, batch size or context length reuses a graph instead of tracing another."""
+    for arg in args:
+        tensors = arg.tensors() if isinstance(arg, AttentionLayout) else [arg]
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                for dim in range(tensor.dim()):
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 class CompiledStack:
@@ -91,6 +96,7 @@ class CompiledStack:
     def __call__(self, *args: Any) -> Any:
         if self.failure is not None:
             return self.eager(*args)
+        mark_dynamic(args)
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return self.compiled(*args)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout
-from verispec.models.compiled import CompiledStack, check_compile, mark_dynamic
+from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.linear import Linear
@@ -221,9 +221,6 @@ class EagleHead:
         and draft logits [L, draft vocab] float32 for batch.logits_indices."""
         layout = AttentionLayout.build(batch, {None}, self.batch_invariant)
         step = self.compiled or self.step
-        if self.compiled is not None:
-            mark_dynamic(batch.input_ids, batch.positions, batch.slot_mapping, feature,
-                         batch.logits_indices, *layout.tensors())  # fmt: skip
         return step(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv, feature,
                     batch.logits_indices)  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -28,11 +29,13 @@ def fp16_kernel_available() -> bool:
     )
 
 
+@functools.cache
 def intel_cpu() -> bool:
     """True on an Intel CPU (/proc/cpuinfo's vendor_id), where torch's F.linear (MKL) streams
     float32 weights faster than oneDNN's prepacked kernel: on a 2-core Xeon with AMX, SmolLM2's
     decode step took 55 ms with F.linear and 76-90 ms with oneDNN. On AMD EPYC MKL falls back
-    to slow generic code and oneDNN is about 1.7x faster (benchmarks/README.md)."""
+    to slow generic code and oneDNN is about 1.7x faster (benchmarks/README.md). Read once per
+    process: kernel_for asks for every weight."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in info)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout, paged_attention
-from verispec.models.compiled import CompiledStack, check_compile, mark_dynamic
+from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
 from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
@@ -112,8 +112,6 @@ class LlamaModel:
         self.check_feature_layers(feature_layers)
         layout = AttentionLayout.build(batch, self.windows, self.batch_invariant)
         stack = self.compiled or self.decoder_stack
-        if self.compiled is not None:
-            mark_dynamic(batch.input_ids, batch.positions, batch.slot_mapping, *layout.tensors())
         return stack(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv,
                      tuple(feature_layers))  # fmt: skip
 
