@@ -40,9 +40,34 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Named models: {', '.join(model_names())}. Prints the local path.",
     )  # fmt: skip
     pull.add_argument("name", choices=model_names(), help="model name")
+    _add_serve_parser(sub)
     _add_train_parser(sub)
     _add_bench_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API with a chat page",
+        description="POST /v1/completions and /v1/chat/completions (streamed with SSE or not), "
+        "GET /v1/models, /health, /metrics (Prometheus) and a chat page at / that shows which "
+        "tokens were accepted drafts. See docs/serving.md.",
+    )  # fmt: skip
+    add_model_options(serve, max_tokens=None)
+    serve.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help="speculative decoding as vLLM's JSON object, e.g. "
+                       '\'{"method": "ngram", "num_speculative_tokens": 4}\' (instead of '
+                       "--method/--draft/--k); null = plain decoding")  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
+                       "$VERISPEC_API_KEY, else none)")  # fmt: skip
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model's name in the API (default: --model, or the default "
+                       "model's name)")  # fmt: skip
+    serve.add_argument("--max-num-seqs", type=int, default=None,
+                       help="most requests decoded at once (the engine's default: 8)")
 
 
 def _csv(kind: type) -> Any:
@@ -145,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {
             "train": _train, "bench": _bench, "generate": _generate, "chat": _chat, "pull": _pull,
+            "serve": _serve,
         }  # fmt: skip
         return commands[args.command](args)
     except ValueError as e:
@@ -225,6 +251,25 @@ def _bench(args: argparse.Namespace) -> int:
     from verispec.bench.main import bench_config, run
 
     return run(bench_config(args), args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from verispec.serve import Server
+
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ValueError("--served-model-name must not be empty")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
+    llm = load_llm(args)
+    server = Server(llm.engine, args.host, args.port, api_key, args.served_model_name,
+                    log_level="info")  # fmt: skip
+    print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
+          f"(chat page at /, API at /v1)", file=sys.stderr, flush=True)  # fmt: skip
+    server.run()
+    return 0
 
 
 def _pull(args: argparse.Namespace) -> int:

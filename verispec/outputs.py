@@ -48,6 +48,16 @@ class RequestMetrics:
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """One output token's log-probability under the target, and the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    """(token id, log-probability) of the params.logprobs most likely tokens, likeliest first."""
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """The result of one prompt, in vLLM's shape (one completion per request)."""
 
@@ -58,6 +68,8 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: FinishReason | None
     metrics: RequestMetrics
+    logprobs: list[TokenLogprobs] | None = None
+    """One per token id when params.logprobs was set, else None."""
 
     @property
     def finished(self) -> bool:
@@ -76,6 +88,15 @@ class StreamDelta:
     finish_reason: FinishReason | None = None
     output: RequestOutput | None = None
     """Set on the last delta only."""
+    num_accepted: int = 0
+    """How many of token_ids are drafts the target accepted; the rest it produced itself (the
+    recovered or bonus token)."""
+    num_draft_tokens: int = 0
+    """Draft tokens the target checked for this request in this step."""
+    accepted_text: str = ""
+    """The start of text that the accepted drafts completed (the rest, the target's token)."""
+    logprobs: list[TokenLogprobs] | None = None
+    """One per token id when params.logprobs was set."""
 
     @property
     def finished(self) -> bool:

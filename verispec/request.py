@@ -13,7 +13,7 @@ import torch
 
 from verispec.kv import BlockTable
 from verispec.metrics import SpecStats
-from verispec.outputs import FinishReason, RequestMetrics, RequestOutput
+from verispec.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
 from verispec.sample import SamplingTensors
 from verispec.sampling_params import SamplingParams
 
@@ -51,6 +51,12 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     spec_stats: SpecStats = field(default_factory=SpecStats)
+    logprobs: list[TokenLogprobs] | None = None
+    """One per output token when params.logprobs is set (the engine sets the list)."""
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -64,13 +70,21 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append_tokens(self, tokens: Sequence[int], decode: Callable[[list[int]], str]) -> None:
-        """Append sampled tokens in order, stopping at the first that ends the request
-        (EOS, a stop id, a stop string, max_tokens, the context limit); later ones are dropped."""
+    def append_tokens(
+        self,
+        tokens: Sequence[int],
+        decode: Callable[[list[int]], str],
+        logprobs: Sequence[TokenLogprobs] | None = None,
+    ) -> None:
+        """Append sampled tokens in order (with their logprobs, one each, when the request asks
+        for them), stopping at the first that ends the request (EOS, a stop id, a stop string,
+        max_tokens, the context limit); later ones are dropped."""
         now = time.perf_counter()
-        for token in tokens:
+        for i, token in enumerate(tokens):
             self.output_token_ids.append(token)
             self.token_times.append(now)
+            if self.logprobs is not None and logprobs is not None:
+                self.logprobs.append(logprobs[i])
             reason = self._finish_reason(token, decode)
             if reason is not None:
                 self.finish_reason = reason
@@ -115,6 +129,7 @@ class Request:
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,
             metrics=self.metrics(),
+            logprobs=None if self.logprobs is None else list(self.logprobs),
         )
 
     def metrics(self) -> RequestMetrics:

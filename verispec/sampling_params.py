@@ -85,6 +85,10 @@ class SamplingParams:
     """Keep generating past the EOS token (benchmarks use this for fixed lengths)."""
     include_stop_str_in_output: bool = False
     """Keep the matched stop string at the end of the output text."""
+    logprobs: int | None = None
+    """Return each output token's log-probability under the target (its log-softmax over the
+    raw logits, before temperature and truncation, as vLLM's default), with this many most
+    likely alternatives (0: the chosen token only); None = none."""
 
     def __post_init__(self) -> None:
         """Validate every field and normalise top_k, stop and stop_token_ids."""
@@ -120,6 +124,11 @@ class SamplingParams:
         self.stop_token_ids = _normalise_stop_token_ids(self.stop_token_ids)
         _check_bool("ignore_eos", self.ignore_eos)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        if self.logprobs is not None and _check_int("logprobs", self.logprobs) < 0:
+            raise ValueError(
+                f"logprobs must be None or an int >= 0 (alternatives per token), got "
+                f"{self.logprobs}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -95,6 +95,8 @@ class Engine:
         """Acceptance counters summed over every request this engine has served."""
         self.step_times = StepTimes()
         """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
+        self.num_preemptions = 0
+        """Requests whose KV was freed to make room for others (recomputed later), summed."""
         self._ids = itertools.count()
 
     def add_request(
@@ -135,6 +137,7 @@ class Engine:
         if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
         self._release(plan.preempted)
+        self.num_preemptions += len(plan.preempted)
         clock.lap("schedule")
         draft_probs = self._propose(plan.scheduled)
         clock.lap("draft")
@@ -145,8 +148,13 @@ class Engine:
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
         if drafter is not None and features is not None:
             self._observe(drafter, plan, verdict, features)
+        logprobs = None
+        if any(s.request.params.logprobs is not None for s in plan.sampling):
+            logprobs = self.runner.logprobs(logits, plan.sampling, verdict)
         clock.lap("verify")
-        finished = self.scheduler.update(plan, verdict, self.tokenizer.decode, self.spec_stats)
+        finished = self.scheduler.update(
+            plan, verdict, self.tokenizer.decode, self.spec_stats, logprobs
+        )
         self._release(finished)
         clock.lap("update")
         clock.steps += 1

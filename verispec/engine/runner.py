@@ -9,6 +9,7 @@ import torch
 from verispec.batch import SeqChunk
 from verispec.engine.scheduler import ScheduledRequest
 from verispec.models.paged import PagedModel
+from verispec.outputs import TokenLogprobs
 from verispec.request import sampling_tensors
 from verispec.sample.rejection import Verdict, verify
 from verispec.sample.tree import DraftTree, verify_tree
@@ -74,6 +75,26 @@ class ModelRunner:
             self.generator,
         )
 
+    @staticmethod
+    def logprobs(
+        logits: torch.Tensor, sampling: list[ScheduledRequest], verdict: Verdict
+    ) -> list[list[TokenLogprobs] | None]:
+        """Per sampling request that asks for logprobs, those of its emitted tokens under the
+        target: each token is scored by the row that predicted it (the chunk's last token for
+        the first, then each accepted draft's row), so speculation reports exactly what plain
+        decoding would. None for requests that do not ask."""
+        out: list[list[TokenLogprobs] | None] = []
+        first = 0  # the request's first logits row
+        for i, s in enumerate(sampling):
+            num_top = s.request.params.logprobs
+            if num_top is None:
+                out.append(None)
+            else:
+                rows = [first] + [first + 1 + d for d in verdict.accepted_drafts(i)]
+                out.append(token_logprobs(logits[rows], verdict.token_ids[i], num_top))
+            first += 1 + len(s.draft_token_ids)
+        return out
+
     def _verify_trees(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> Verdict:
         trees = [s.draft_tree or DraftTree.chain(s.draft_token_ids) for s in sampling]
         rows = [(s.request, h) for s, tree in zip(sampling, trees, strict=True)
@@ -100,3 +121,23 @@ class ModelRunner:
             device = self.target.model.device
             self.target.kv.copy_slots(torch.tensor(src, device=device),
                                       torch.tensor(dst, device=device))  # fmt: skip
+
+
+def token_logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], num_top: int
+) -> list[TokenLogprobs]:
+    """Log-softmax of each row of logits [n, vocab] at token_ids[n], with the num_top likeliest.
+
+    >>> [round(t.logprob, 3) for t in token_logprobs(torch.tensor([[0.0, 0.0]]), [1], 0)]
+    [-0.693]
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
+    ids = torch.tensor(list(token_ids), device=logits.device)  # [n]
+    chosen = logp.gather(1, ids[:, None])[:, 0].tolist()  # [n]
+    top_values, top_ids = logp.topk(num_top, dim=-1)  # [n, num_top] each
+    return [
+        TokenLogprobs(token, value, list(zip(tid, tv, strict=True)))
+        for token, value, tid, tv in zip(
+            token_ids, chosen, top_ids.tolist(), top_values.tolist(), strict=True
+        )
+    ]

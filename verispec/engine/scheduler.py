@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from verispec.kv import CacheExhaustedError
 from verispec.metrics import SpecStats
+from verispec.outputs import TokenLogprobs
 from verispec.request import Request, Status
 from verispec.sample.rejection import Verdict
 from verispec.sample.tree import DraftTree
@@ -101,22 +102,24 @@ class Scheduler:
         verdict: Verdict,
         decode: Callable[[list[int]], str],
         totals: SpecStats,
+        logprobs: Sequence[Sequence[TokenLogprobs] | None] | None = None,
     ) -> list[Request]:
         """Apply a step's verdict: count computed KV, keep accepted drafts' KV and drop the rest,
-        append emitted tokens, record acceptance (per request and in `totals`), release
-        finished requests' blocks. Returns the requests that finished this step."""
+        append emitted tokens (with their logprobs, per sampling request, when given), record
+        acceptance (per request and in `totals`), release finished requests' blocks. Returns
+        the requests that finished this step."""
         for s in plan.scheduled:
             s.request.num_computed_tokens += len(s.token_ids)
         finished = []
-        for s, tokens, accepted in zip(
-            plan.sampling, verdict.token_ids, verdict.num_accepted, strict=True
+        for i, (s, tokens, accepted) in enumerate(
+            zip(plan.sampling, verdict.token_ids, verdict.num_accepted, strict=True)
         ):
             request = s.request
             request.num_computed_tokens += accepted
             request.block_table.truncate(request.num_computed_tokens)
             request.spec_stats.record(len(s.draft_token_ids), accepted)
             totals.record(len(s.draft_token_ids), accepted)
-            request.append_tokens(tokens, decode)
+            request.append_tokens(tokens, decode, logprobs[i] if logprobs else None)
             if request.finished:
                 self.finish(request)
                 finished.append(request)
