@@ -105,6 +105,26 @@ def test_speculative_steps_stream_all_their_accepted_tokens(spec_pair) -> None:
     assert max(len(d.token_ids) for d in deltas) > 1  # accepted drafts arrive with their step
     spec = deltas[-1].output.metrics.spec
     assert spec.num_verify_steps > 0 and deltas[-1].output.metrics.acceptance_rate is not None
+    # which tokens were accepted drafts: each step's drafts, then the target's own token
+    assert sum(d.num_accepted for d in deltas) == spec.num_accepted_tokens > 0
+    assert sum(d.num_draft_tokens for d in deltas) == spec.num_draft_tokens
+    assert all(len(d.token_ids) - d.num_accepted == 1 for d in deltas)  # no step was cut short
+    assert all(d.text.startswith(d.accepted_text) for d in deltas)
+    assert any(d.accepted_text for d in deltas)
+    assert all(d.accepted_text == "" for d in deltas if d.num_accepted == 0)
+
+
+@pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+def test_a_step_of_drafts_cut_by_a_stop_counts_only_what_was_emitted(spec_pair) -> None:
+    target, draft = spec_pair
+    llm = LLM(model=str(target), speculative={"model": str(draft), "num_speculative_tokens": 4})
+    full = llm.generate(PROMPT, LONG)[0]
+    stop = LONG.__class__(temperature=0.0, max_tokens=24, ignore_eos=True,
+                          stop_token_ids=[full.token_ids[6]])  # fmt: skip
+    text, ids, deltas = collect(llm.generate_stream(PROMPT, stop))
+    assert ids == full.token_ids[: full.token_ids.index(full.token_ids[6]) + 1]
+    assert all(0 <= d.num_accepted <= len(d.token_ids) for d in deltas)
+    assert "".join(d.text for d in deltas) == text
 
 
 def test_interleaved_streams_each_add_up(llm: LLM) -> None:

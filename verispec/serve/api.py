@@ -210,8 +210,8 @@ def _validation_error(errors: Sequence[Any]) -> APIError:
     if not loc:
         return APIError(400, f"the body must be a JSON object of the request's fields: "
                         f"{first['msg']}")  # fmt: skip
-    # a union's member names ('str', 'list[int]') follow the field in loc: keep indices only
-    path = [loc[0], *(x for x in loc[1:] if x.isdigit() or x in _FIELD_NAMES)]
+    # a union's member tags ('str', 'list[int]', 'StreamOptions') follow a field in loc
+    path = [loc[0], *(x for x in loc[1:] if x.isdigit() or _is_field_name(x))]
     param = ".".join(path)
     if kind == "extra_forbidden":
         return APIError(400, f"unknown field {param!r} (this server takes the fields in "
@@ -221,6 +221,16 @@ def _validation_error(errors: Sequence[Any]) -> APIError:
     return APIError(400, f"{param}: {first['msg']}", param)
 
 
+def _is_field_name(part: str) -> bool:
+    """Whether a part of pydantic's error location names a field (not a union member's type).
+
+    >>> [p for p in ("str", "list[int]", "StreamOptions", "usage") if _is_field_name(p)]
+    ['usage']
+    """
+    return part.isidentifier() and part not in _TYPE_TAGS and not part[0].isupper()
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 _FIELD_NAMES = frozenset(
     {*CompletionRequest.model_fields, *ChatCompletionRequest.model_fields, "role", "content",
      "include_usage", "type", "text", "name"}

@@ -1,0 +1,227 @@
+"""Bad input answers 400 in OpenAI's error schema (never 422 or 500), the API key guards /v1,
+unknown routes are 404, and a client that goes away has its request aborted and blocks freed."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from serve.conftest import blocks_free, speculative_llm, wait_until
+from verispec.serve import Server
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def call(
+    url: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+    method: str | None = None, raw: bytes | None = None,
+) -> tuple[int, Any]:  # fmt: skip
+    """(status, parsed JSON or text) of one HTTP request."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def assert_error(status: int, body: Any, expected_status: int, param: str | None = None) -> None:
+    assert status == expected_status, body
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"] and isinstance(body["error"]["type"], str)
+    if param is not None:
+        assert body["error"]["param"] == param, body
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"prompt": "def f():", "max_tokens": 2, **fields}
+
+
+BAD_COMPLETIONS = [
+    (completion(temperature=-1), "temperature"),
+    (completion(temperature="hot"), "temperature"),
+    (completion(top_p=0), "top_p"),
+    (completion(top_p=1.5), "top_p"),
+    (completion(top_k=-5), "top_k"),
+    (completion(min_p=2), "min_p"),
+    (completion(presence_penalty=3), "presence_penalty"),
+    (completion(frequency_penalty=-3), "frequency_penalty"),
+    (completion(repetition_penalty=0), "repetition_penalty"),
+    (completion(seed=-1), "seed"),
+    (completion(stop=5), "stop"),
+    (completion(stop=[""]), "stop"),
+    (completion(stop_token_ids=[-1]), "stop_token_ids.0"),
+    (completion(n=0), "n"),
+    (completion(n=1000), "n"),
+    (completion(stream="yes"), "stream"),
+    (completion(stream_options={"include_usage": True}), "stream_options"),
+    (completion(stream=True, stream_options={"usage": True}), "stream_options.usage"),
+    (completion(max_tokens=0), "max_tokens"),
+    (completion(max_tokens=10**6), "max_tokens"),
+    (completion(max_tokens=1.5), "max_tokens"),
+    (completion(logprobs=21), "logprobs"),
+    (completion(logprobs=-1), "logprobs"),
+    (completion(echo=True), "echo"),
+    (completion(suffix="x"), "suffix"),
+    (completion(best_of=3), "best_of"),
+    (completion(model="gpt-4"), "model"),
+    (completion(foo=1), "foo"),
+    ({"max_tokens": 2}, "prompt"),
+    (completion(prompt=5), "prompt"),
+    (completion(prompt=[]), "prompt"),
+    (completion(prompt=[[]]), "prompt"),
+    (completion(prompt=[10**9]), "prompt"),
+    (completion(prompt=[1.5]), "prompt"),
+    (completion(prompt="x " * 400), "prompt"),  # longer than the 256-token context
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_COMPLETIONS, ids=lambda v: str(v)[:40])
+def test_every_bad_completion_field_is_a_400_naming_it(server: Server, body, param) -> None:
+    assert_error(*call(server.url, "/v1/completions", body), 400, param)
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"messages": MESSAGES, "max_tokens": 2, **fields}
+
+
+BAD_CHATS = [
+    ({"max_tokens": 2}, "messages"),
+    (chat(messages=[]), "messages"),
+    (chat(messages="hi"), "messages"),
+    (chat(messages=[{"role": "robot", "content": "hi"}]), "messages.0.role"),
+    (chat(messages=[{"role": "user"}]), "messages.0.content"),
+    (chat(messages=[{"role": "user", "content": 5}]), "messages.0.content"),
+    (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     "messages.0.content"),
+    (chat(top_logprobs=2), "top_logprobs"),
+    (chat(logprobs=True, top_logprobs=50), "top_logprobs"),
+    (chat(max_tokens=2, max_completion_tokens=2), "max_completion_tokens"),
+    (chat(max_completion_tokens=0), "max_completion_tokens"),
+    (chat(chat_template_kwargs={"tokenize": True}), "messages"),
+    (chat(tools=[{"type": "function"}]), "tools"),
+    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(messages=[{"role": "user", "content": "x " * 400}]), "messages"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_CHATS, ids=lambda v: str(v)[:40])
+def test_every_bad_chat_field_is_a_400_naming_it(server: Server, body, param) -> None:
+    assert_error(*call(server.url, "/v1/chat/completions", body), 400, param)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b"", b"\xff\xfe", b'"prompt"'])
+def test_a_body_that_is_not_a_json_object_is_a_400(server: Server, raw: bytes) -> None:
+    assert_error(*call(server.url, "/v1/completions", raw=raw, method="POST"), 400)
+
+
+def test_unknown_routes_and_methods(server: Server) -> None:
+    assert_error(*call(server.url, "/v1/nothing"), 404)
+    assert_error(*call(server.url, "/v1/completions", method="GET"), 405)
+
+
+def test_chat_on_a_model_without_a_chat_template_is_a_400(llama_checkpoint) -> None:
+    from verispec import LLM
+
+    with Server(LLM(model=str(llama_checkpoint)).engine, port=0) as plain:
+        status, body = call(plain.url, "/v1/chat/completions", chat())
+        assert_error(status, body, 400, "messages")
+        assert "chat template" in body["error"]["message"]
+        assert call(plain.url, "/v1/completions", completion())[0] == 200
+
+
+def test_api_key_guards_the_api_but_not_health_metrics_or_page(chat_pair) -> None:
+    with Server(speculative_llm(chat_pair).engine, port=0, api_key="s3cret") as guarded:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
+                        {"Authorization": "Basic s3cret"}):  # fmt: skip
+            for path, body in (("/v1/completions", completion()), ("/v1/models", None)):
+                status, reply = call(guarded.url, path, body, headers)
+                assert_error(status, reply, 401)
+                assert reply["error"]["code"] == "invalid_api_key"
+        ok = {"Authorization": "Bearer s3cret"}
+        assert call(guarded.url, "/v1/completions", completion(), ok)[0] == 200
+        assert call(guarded.url, "/v1/models", None, ok)[0] == 200
+        for path in ("/health", "/metrics", "/"):
+            assert call(guarded.url, path)[0] == 200
+
+
+def test_server_without_a_key_needs_no_header(server: Server) -> None:
+    assert call(server.url, "/v1/completions", completion())[0] == 200
+
+
+def open_stream(url: str, body: dict[str, Any]) -> tuple[http.client.HTTPConnection, Any]:
+    """A streamed completion whose first event has arrived: (connection, response)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")
+    return conn, response
+
+
+LONG = completion(max_tokens=200, ignore_eos=True, temperature=0)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server: Server) -> None:
+    conn, _ = open_stream(server.url, {**LONG, "stream": True})
+    engine = server.engine.engine
+    wait_until(lambda: not blocks_free(server))  # it holds blocks while it runs
+    conn.sock.close()  # the client goes away mid-answer
+    wait_until(lambda: blocks_free(server) and not engine.has_unfinished())
+    assert engine.spec_stats.num_draft_tokens > 0  # it was speculating (draft blocks too)
+    assert call(server.url, "/v1/completions", completion())[0] == 200  # still serving
+
+
+def test_a_client_that_disconnects_before_a_whole_answer_frees_its_blocks(
+    server: Server,
+) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(LONG), {"Content-Type": "application/json"})
+    engine = server.engine.engine
+    wait_until(engine.has_unfinished)
+    conn.close()
+    wait_until(lambda: blocks_free(server) and not engine.has_unfinished())
+
+
+def test_a_failing_step_fails_its_requests_with_500_and_the_server_goes_on(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = server.engine.engine
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    status, body = call(server.url, "/v1/completions", completion())
+    assert_error(status, body, 500)
+    assert "injected fault" in body["error"]["message"]
+    wait_until(lambda: blocks_free(server))
+    assert call(server.url, "/v1/completions", completion())[0] == 200
+    calls["n"] = 0  # and mid-stream: one error event, then the stream ends
+    status, text = call(server.url, "/v1/completions", completion(stream=True))
+    assert status == 200
+    events = [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: {")]
+    assert "injected fault" in events[-1]["error"]["message"]

@@ -1,0 +1,104 @@
+"""/metrics: Prometheus' text format, parsed with prometheus_client's own parser; its counters
+equal what the responses said about the requests sent."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serve.conftest import speculative_llm, wait_until
+from serve.test_errors import call
+from verispec.serve import Server
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NAMES = (
+    "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos", "num_requests_running", "num_requests_waiting",
+    "kv_cache_usage_perc", "prompt_tokens", "generation_tokens", "num_preemptions",
+    "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+    "request_success",
+)  # fmt: skip
+
+
+def scrape(server: Server) -> dict[str, dict[tuple, float]]:
+    """{sample name: {sorted labels minus model_name: value}} of one scrape of /metrics."""
+    status, text = call(server.url, "/metrics")
+    assert status == 200
+    samples: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert s.labels.get("model_name") == server.model_name
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+            samples[s.name][labels] = s.value
+    return samples
+
+
+def value(samples: dict[str, dict[tuple, float]], name: str) -> float:
+    return samples[f"verispec:{name}"][()]
+
+
+def test_every_metric_is_exposed_under_the_verispec_prefix(server: Server) -> None:
+    text = call(server.url, "/metrics")[1]
+    families = {f.name for f in text_string_to_metric_families(text)}
+    for name in NAMES:
+        assert f"verispec:{name}" in families, name
+
+
+def test_counters_match_the_requests_sent(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    answers = [
+        client.completions.create(model="tiny-chat", prompt="def add(a, b):", max_tokens=12,
+                                  temperature=0),
+        client.completions.create(model="tiny-chat", prompt="class A:", max_tokens=5, n=2,
+                                  temperature=1.0, seed=1),
+        client.chat.completions.create(model="tiny-chat", max_tokens=9, temperature=0,
+                                       messages=[{"role": "user", "content": "hello"}]),
+    ]  # fmt: skip
+    num_choices = sum(len(a.choices) for a in answers)
+    prompt_tokens = sum(a.usage.prompt_tokens * len(a.choices) for a in answers)  # per choice
+    generated = sum(a.usage.completion_tokens for a in answers)
+    spec = [a.model_extra["speculation"] for a in answers]
+    reasons: dict[str, int] = defaultdict(int)
+    for a in answers:
+        for c in a.choices:
+            reasons[c.finish_reason] += 1
+    wait_until(lambda: value(scrape(server), "num_requests_running") == 0)
+    m = scrape(server)
+    assert value(m, "generation_tokens_total") == generated
+    assert value(m, "prompt_tokens_total") == prompt_tokens
+    assert value(m, "spec_decode_num_drafts_total") == sum(s["num_verify_steps"] for s in spec)
+    assert value(m, "spec_decode_num_draft_tokens_total") == sum(
+        s["num_draft_tokens"] for s in spec
+    )
+    accepted = sum(s["num_accepted_tokens"] for s in spec)
+    assert value(m, "spec_decode_num_accepted_tokens_total") == accepted > 0
+    per_pos = m["verispec:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert sum(per_pos.values()) == accepted  # each accepted draft counted at its position
+    assert per_pos[(("position", "0"),)] >= per_pos.get((("position", "1"),), 0)
+    for reason, n in reasons.items():
+        assert m["verispec:request_success_total"][(("finished_reason", reason),)] == n
+    assert value(m, "time_to_first_token_seconds_count") == num_choices
+    assert value(m, "e2e_request_latency_seconds_count") == num_choices
+    assert value(m, "inter_token_latency_seconds_count") > 0
+    assert value(m, "num_requests_waiting") == 0
+    assert value(m, "kv_cache_usage_perc") == 0
+    assert value(m, "num_preemptions_total") == 0
+
+
+def test_preemptions_are_counted(chat_pair) -> None:
+    """Three long requests on a cache for about two: some are preempted and recomputed."""
+    llm = speculative_llm(chat_pair, num_blocks=24, max_num_seqs=3)
+    with Server(llm.engine, port=0) as small:
+        client = openai.OpenAI(base_url=small.url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model=small.model_name,
+                                        prompt=["def a():", "def b():", "def c():"],
+                                        max_tokens=150, temperature=0,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+        assert [c.finish_reason for c in out.choices] == ["length"] * 3
+        m = scrape(small)
+        assert value(m, "num_preemptions_total") == llm.engine.num_preemptions > 0
+        assert value(m, "generation_tokens_total") == 450
