@@ -56,7 +56,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     add_model_options(serve, max_tokens=None)
     serve.add_argument("--speculative-config", default=None, metavar="JSON",
                        help="speculative decoding as vLLM's JSON object, e.g. "
-                       '\'{"method": "ngram", "num_speculative_tokens": 4}\' (instead of '
+                       '\'{"model": "draft/", "num_speculative_tokens": 4}\' (instead of '
                        "--method/--draft/--k); null = plain decoding")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")

@@ -143,7 +143,7 @@ def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
     if value is not None and not isinstance(value, dict):
-        example = '{"method": "ngram", "num_speculative_tokens": 4}'
+        example = '{"model": "draft/", "num_speculative_tokens": 4}'
         raise ValueError(f"--speculative-config must be a JSON object, e.g. '{example}', or null")
     return cast(SpecConfig | None, spec_config_from(value))
 

@@ -1,0 +1,80 @@
+"""`verispec serve` as a user runs it: a real process on a free port, answering the openai
+client; bad options exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from verispec.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -> None:
+    target, draft = chat_pair
+    port = free_port()
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "verispec.cli", "serve", "--model", str(target), "--port",
+         str(port), "--speculative-config", spec, "--api-key", "k", "--max-num-seqs", "2",
+         "--max-model-len", "128"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    assert json.loads(r.read()) == {"status": "ok"}
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(process.communicate()[0]) from None
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        (model,) = client.models.list().data
+        assert model.id == str(target) and model.model_extra["max_model_len"] == 128
+        out = client.completions.create(model=model.id, prompt="def f():", max_tokens=8,
+                                        temperature=0)  # fmt: skip
+        assert out.usage.completion_tokens == 8
+        assert out.model_extra["speculation"]["num_draft_tokens"] > 0
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert process.returncode in (0, -15), output
+    assert "serving" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--speculative-config", "{bad"], "not valid JSON"),
+        (["--speculative-config", "[1]"], "must be a JSON object"),
+        (["--speculative-config", '{"method": "ngram"}', "--k", "3"], "replaces --k"),
+        (["--speculative-config", '{"nope": 1}'], "unknown key"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
+        (["--served-model-name", " "], "--served-model-name must not be empty"),
+    ],
+)
+def test_bad_serve_options_exit_2_with_one_line(
+    llama_checkpoint: Path, args: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["serve", "--model", str(llama_checkpoint), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("verispec: error:")
