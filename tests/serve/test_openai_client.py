@@ -200,3 +200,26 @@ def test_logprobs_are_the_targets_log_softmax(chat_pair, speculate: bool) -> Non
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-6)  # greedy
         assert bytes(entry.bytes).decode(errors="replace") == entry.token
         assert math.isfinite(entry.logprob)
+
+
+def test_concurrent_clients_each_get_their_own_greedy_answer(
+    server: Server, reference: LLM
+) -> None:
+    """Eight clients at once, batched together by the engine, and one stream nobody reads
+    meanwhile: every answer equals the lone plain answer (batch-invariant mode)."""
+    import concurrent.futures
+
+    prompts = [f"def f{i}(x):" for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    stalled = client.completions.create(model="tiny-chat", prompt="class A:", max_tokens=200,
+                                        temperature=0, stream=True,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(
+            lambda p: client.completions.create(model="tiny-chat", prompt=p, max_tokens=16,
+                                                temperature=0).choices[0].text,
+            prompts,
+        ))  # fmt: skip
+    assert answers == [o.text for o in reference.generate(prompts, params)]
+    stalled.close()
