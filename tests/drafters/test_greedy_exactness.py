@@ -157,9 +157,9 @@ def test_stops_inside_an_accepted_run(
     dropped = []  # steps whose tokens ran past the stop, so the request dropped the rest
     append = Request.append_tokens
 
-    def spy(self: Request, tokens: list[int], decode: Any) -> None:
+    def spy(self: Request, tokens: list[int], decode: Any, logprobs: Any = None) -> None:
         before = len(self.output_token_ids)
-        append(self, tokens, decode)
+        append(self, tokens, decode, logprobs)
         if self.finished and len(self.output_token_ids) - before < len(tokens):
             dropped.append(tokens)
 

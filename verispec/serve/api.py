@@ -214,8 +214,8 @@ def _validation_error(errors: Sequence[Any]) -> APIError:
     path = [loc[0], *(x for x in loc[1:] if x.isdigit() or _is_field_name(x))]
     param = ".".join(path)
     if kind == "extra_forbidden":
-        return APIError(400, f"unknown field {param!r} (this server takes the fields in "
-                        "docs/serving.md)", param)  # fmt: skip
+        return APIError(400, f"unknown field {param!r}: this server does not take it (its "
+                        "fields: GET /docs)", param)  # fmt: skip
     if kind == "missing":
         return APIError(400, f"{param} is required", param)
     return APIError(400, f"{param}: {first['msg']}", param)
