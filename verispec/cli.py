@@ -68,6 +68,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        "model's name)")  # fmt: skip
     serve.add_argument("--max-num-seqs", type=int, default=None,
                        help="most requests decoded at once (the engine's default: 8)")
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=True,
+                       help="reuse the KV of prompt prefixes earlier requests computed (exact; "
+                       "on by default; off with an EAGLE head)")  # fmt: skip
 
 
 def _csv(kind: type) -> Any:

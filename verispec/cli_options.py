@@ -211,9 +211,11 @@ def load_llm(args: argparse.Namespace) -> LLM:
 
     check_arguments(args)
     spec = spec_config(args)
-    engine_options = {}
+    engine_options: dict[str, Any] = {}
     if getattr(args, "max_num_seqs", None) is not None:
         engine_options["max_num_seqs"] = args.max_num_seqs
+    if getattr(args, "enable_prefix_caching", None) is not None:
+        engine_options["enable_prefix_caching"] = args.enable_prefix_caching
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,

@@ -70,6 +70,11 @@ class EngineConfig:
     each new step shape (about a minute for the embedded pair, minutes for SmolLM2 on 2 cores;
     inductor caches the result on disk). Needs a C++ compiler on the CPU; falls back to eager
     with a warning when compilation fails. Not with batch_invariant."""
+    enable_prefix_caching: bool = False
+    """Reuse the KV blocks of prompt prefixes other requests computed (exact: output is the
+    same as without; docs/design.md, 5). Off by default in the library, whose benchmarks repeat
+    prompts; on by default in `verispec serve`. Ignored with an EAGLE head, which needs the
+    target's features of every position."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
@@ -79,6 +84,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
         check_compile(self.compile, self.batch_invariant)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -45,6 +45,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     """Tokens whose keys and values are in the KV cache."""
+    num_indexed_blocks: int = 0
+    """Leading blocks of block_table that the prefix cache indexes (kv.prefix_cache.STOP:
+    the rest are not indexed)."""
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     text: str = ""

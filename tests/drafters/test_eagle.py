@@ -565,3 +565,13 @@ def test_shipped_code_head_keeps_the_greedy_output() -> None:
     head = LLM(model="embedded-code", speculative=spec, batch_invariant=True)
     assert_same(head.generate(prompts, params), plain.generate(prompts, params))
     assert head.engine.spec_stats.mean_acceptance_length > 2.0
+
+
+def test_prefix_caching_is_off_with_an_eagle_head(trained: Trained, plain: dict) -> None:
+    """The head's own KV needs the target's features of every position, which a prefix cache
+    hit never computes: the engine keeps no prefix cache, and output stays plain's."""
+    prompts = random_prompts(2, seed=7)
+    llm = eagle(trained, 4, enable_prefix_caching=True)
+    assert llm.engine.prefix_cache is None
+    ref = plain_generate(plain, trained, prompts, GREEDY)
+    assert_same([llm.generate(p, GREEDY)[0] for p in prompts * 2], ref * 2)

@@ -156,3 +156,16 @@ def test_load_refuses_bad_checkpoints(trained: Trained, tmp_path: Path) -> None:
 def test_topk_beyond_the_draft_vocabulary_is_refused(trained: Trained) -> None:
     with pytest.raises(ValueError, match="exceeds the head's draft vocabulary"):
         medusa(trained.heads, trained.target, 8, 400, 2)
+
+
+def test_prefix_cache_hits_keep_medusa_output(trained: Trained) -> None:
+    """Medusa reads only the last position's features, so a request may start after a cached
+    prefix; repeated and extended prompts give plain decoding's output."""
+    prompts = [trained.prompts[0], trained.prompts[0] + [5, 6], trained.prompts[0]]
+    spec = SpecConfig(method="medusa", model=str(trained.heads), num_speculative_tokens=3)
+    llm = LLM(model=str(trained.target), speculative=spec, batch_invariant=True, block_size=4,
+              enable_prefix_caching=True)  # fmt: skip
+    plain = LLM(model=str(trained.target), speculative=None, batch_invariant=True)
+    got = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
+    assert got == [o.token_ids for o in plain.generate(prompts, GREEDY)]
+    assert llm.engine.prefix_cache is not None and llm.engine.prefix_cache.num_hits > 0

@@ -20,7 +20,7 @@ NAMES = (
     "spec_decode_num_accepted_tokens_per_pos", "num_requests_running", "num_requests_waiting",
     "kv_cache_usage_perc", "prompt_tokens", "generation_tokens", "num_preemptions",
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-    "request_success",
+    "request_success", "prefix_cache_queries", "prefix_cache_hits",
 )  # fmt: skip
 
 
@@ -41,8 +41,9 @@ def value(samples: dict[str, dict[tuple, float]], name: str) -> float:
     return samples[f"verispec:{name}"][()]
 
 
-def test_every_metric_is_exposed_under_the_verispec_prefix(server: Server) -> None:
-    text = call(server.url, "/metrics")[1]
+def test_every_metric_is_exposed_under_the_verispec_prefix(chat_pair) -> None:
+    with Server(speculative_llm(chat_pair, enable_prefix_caching=True).engine, port=0) as server:
+        text = call(server.url, "/metrics")[1]
     families = {f.name for f in text_string_to_metric_families(text)}
     for name in NAMES:
         assert f"verispec:{name}" in families, name
@@ -102,3 +103,27 @@ def test_preemptions_are_counted(chat_pair) -> None:
         m = scrape(small)
         assert value(m, "num_preemptions_total") == llm.engine.num_preemptions > 0
         assert value(m, "generation_tokens_total") == 450
+
+
+def test_prefix_cache_counters_and_answers(chat_pair, reference) -> None:
+    """A shared system prompt: later requests hit the cache, answers unchanged."""
+    from verispec import SamplingParams
+
+    system = {"role": "system", "content": "def helper(x):\n    return x + 1\n" * 6}
+    conversations = [[system, {"role": "user", "content": q}] for q in ("a", "b", "c")]
+    llm = speculative_llm(chat_pair, enable_prefix_caching=True)
+    with Server(llm.engine, port=0) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        answers = [client.chat.completions.create(model=server.model_name, messages=c,
+                                                  max_tokens=6, temperature=0)
+                   for c in conversations]  # fmt: skip
+        m = scrape(server)
+    cache = llm.engine.prefix_cache
+    assert value(m, "prefix_cache_queries_total") == cache.num_queries == sum(
+        a.usage.prompt_tokens for a in answers
+    )
+    assert value(m, "prefix_cache_hits_total") == cache.num_hits > 0
+    params = SamplingParams(temperature=0, max_tokens=6)
+    assert [a.choices[0].message.content for a in answers] == [
+        o.text for o in reference.chat(conversations, params)
+    ]

@@ -121,6 +121,11 @@ class EagleProposer:
             )
         state.pending.append(features)
 
+    @property
+    def reads_every_position(self) -> bool:
+        """True: the head's own KV covers every position, built from the target's features."""
+        return True
+
     def release(self, request: Request) -> None:
         """Free the head's KV blocks of a finished or preempted request."""
         state = self.states.pop(request.request_id, None)

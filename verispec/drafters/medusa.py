@@ -74,8 +74,8 @@ class MedusaProposer:
     def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
         """Keep the last of the kept positions' features [n, hidden]."""
         state = self.states.get(request.request_id)
-        if state is None or start == 0:
-            state = self.states[request.request_id] = _Last()
+        if state is None or start == 0:  # a prefix cache hit may start after position 0
+            state = self.states[request.request_id] = _Last(observed=start)
         if start != state.observed:
             raise RuntimeError(f"Medusa got features of position {start} for request "
                                f"{request.request_id}, expected {state.observed}")  # fmt: skip
@@ -84,6 +84,11 @@ class MedusaProposer:
 
     def release(self, request: Request) -> None:
         self.states.pop(request.request_id, None)
+
+    @property
+    def reads_every_position(self) -> bool:
+        """False: the heads read only the last position's features."""
+        return False
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """The static tree cut to num_tokens[i] nodes, filled with each head's top tokens."""

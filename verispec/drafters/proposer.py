@@ -121,3 +121,9 @@ class FeatureProposer(Proposer, Protocol):
     def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
         """Features [n, F] of the target positions start .. start + n - 1 whose KV is kept."""
         ...
+
+    @property
+    def reads_every_position(self) -> bool:
+        """True when it must observe every position from 0 (its own KV over them): a request
+        cannot then start from a prefix cache hit, whose positions were never forwarded."""
+        ...

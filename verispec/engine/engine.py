@@ -12,7 +12,7 @@ from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
-from verispec.kv import BlockAllocator
+from verispec.kv import BlockAllocator, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.hub import DEFAULT_MODEL
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -69,11 +69,6 @@ class Engine:
         generator = torch.Generator(self.device).manual_seed(config.seed)
         self.runner = ModelRunner(PagedModel(self.model, num_blocks, block_size), generator)
         spec = config.speculative
-        self.scheduler = Scheduler(
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            spec.num_speculative_tokens if spec else 0,
-        )
         self.eos_token_ids = frozenset(
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
@@ -91,6 +86,17 @@ class Engine:
             self.proposer if isinstance(self.proposer, FeatureProposer) else None
         )
         """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
+        self.prefix_cache: PrefixCache | None = None
+        """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
+        5); none with a drafter that needs the target's features of every position."""
+        if config.enable_prefix_caching and not (
+            self.feature_drafter is not None and self.feature_drafter.reads_every_position
+        ):
+            self.prefix_cache = PrefixCache(self.allocator, block_size)
+        self.scheduler = Scheduler(
+            config.max_num_seqs, config.max_num_batched_tokens,
+            spec.num_speculative_tokens if spec else 0, self.prefix_cache,
+        )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
         self.step_times = StepTimes()

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from verispec.kv import CacheExhaustedError
+from verispec.kv import CacheExhaustedError, PrefixCache
 from verispec.metrics import SpecStats
 from verispec.outputs import TokenLogprobs
 from verispec.request import Request, Status
@@ -58,11 +58,18 @@ class Scheduler:
     the newest running request is preempted (its blocks freed, recomputed later), never dropped."""
 
     def __init__(
-        self, max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_speculative_tokens: int = 0,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.num_speculative_tokens = num_speculative_tokens
+        self.prefix_cache = prefix_cache
+        """When set, a request starting from scratch reuses the cached KV of its prompt's
+        longest computed prefix, and computed full blocks are indexed after each step."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -110,6 +117,8 @@ class Scheduler:
         the requests that finished this step."""
         for s in plan.scheduled:
             s.request.num_computed_tokens += len(s.token_ids)
+            if not s.samples:  # a prefill chunk short of the end: its full blocks are done
+                self._index(s.request)
         finished = []
         for i, (s, tokens, accepted) in enumerate(
             zip(plan.sampling, verdict.token_ids, verdict.num_accepted, strict=True)
@@ -120,6 +129,7 @@ class Scheduler:
             request.spec_stats.record(len(s.draft_token_ids), accepted)
             totals.record(len(s.draft_token_ids), accepted)
             request.append_tokens(tokens, decode, logprobs[i] if logprobs else None)
+            self._index(request)
             if request.finished:
                 self.finish(request)
                 finished.append(request)
@@ -138,17 +148,44 @@ class Scheduler:
         self.finish(request)
         request.status = Status.FINISHED
 
+    def _index(self, request: Request) -> None:
+        """Index the request's newly computed full blocks in the prefix cache."""
+        if self.prefix_cache is not None:
+            request.num_indexed_blocks = self.prefix_cache.insert(
+                request.block_table, request.all_token_ids, request.num_indexed_blocks,
+                request.num_computed_tokens,
+            )  # fmt: skip
+
+    def _match_prefix(self, request: Request) -> bool:
+        """Start a request with no KV from the prefix cache's longest match of its tokens;
+        True when it was looked up."""
+        cache = self.prefix_cache
+        if cache is None or request.num_computed_tokens or request.block_table.blocks:
+            return False
+        blocks = cache.match(request.all_token_ids)
+        request.block_table.share(blocks)
+        request.num_indexed_blocks = len(blocks)
+        request.num_computed_tokens = request.block_table.num_tokens
+        return True
+
     def _try_reserve(self, request: Request, budget: int) -> ScheduledRequest | None:
+        looked_up = self._match_prefix(request)
         remaining = request.num_tokens - request.num_computed_tokens
         num_new = min(budget, remaining)
-        # Drafts follow the prompt's prefill: a drafter reading the target's features has
-        # none before the first forward (a 1-token prompt would otherwise draft at once).
-        decoding = remaining == 1 and request.num_computed_tokens > 0
+        # Drafts follow the first forward: a drafter reading the target's features has none
+        # before it (a 1-token prompt, or a prompt cached but for its last token, would
+        # otherwise draft at once).
+        decoding = remaining == 1 and request.num_computed_tokens > 0 and not looked_up
         k = self._num_drafts(request, budget - 1) if decoding else 0
         try:
             slots = request.block_table.append_slots(num_new + k)
         except CacheExhaustedError:
+            if looked_up:  # give the shared blocks back; the lookup is retried next time
+                request.block_table.free()
+                request.num_computed_tokens = request.num_indexed_blocks = 0
             return None
+        if looked_up and self.prefix_cache is not None:
+            self.prefix_cache.record(request.num_tokens, request.num_computed_tokens)
         start = request.num_computed_tokens
         ids = request.all_token_ids[start : start + num_new]
         return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
@@ -183,6 +220,6 @@ class Scheduler:
         scheduled[:] = [s for s in scheduled if s.request is not victim]
         self.running.remove(victim)
         victim.block_table.free()
-        victim.num_computed_tokens = 0
+        victim.num_computed_tokens = victim.num_indexed_blocks = 0
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)

@@ -2,5 +2,6 @@
 
 from verispec.kv.block_allocator import BlockAllocator, CacheExhaustedError
 from verispec.kv.block_table import BlockTable
+from verispec.kv.prefix_cache import PrefixCache
 
-__all__ = ["BlockAllocator", "BlockTable", "CacheExhaustedError"]
+__all__ = ["BlockAllocator", "BlockTable", "CacheExhaustedError", "PrefixCache"]

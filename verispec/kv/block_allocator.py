@@ -6,7 +6,8 @@ owners (a shared prompt prefix, a forked sequence), so it returns to the pool on
 last owner frees it.
 """
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 __all__ = ["BlockAllocator", "CacheExhaustedError"]
 
@@ -42,22 +43,34 @@ class BlockAllocator:
         self.num_blocks: int = num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._refcounts: list[int] = [0] * num_blocks
+        self._cached: set[int] = set()
+        """Blocks whose contents a prefix cache indexes (see mark_cached)."""
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        """Cached blocks with no owner, least recently freed first: reusable by a prefix hit
+        (revive) until a new allocation needs them and evicts them."""
+        self.on_evict: Callable[[int], None] | None = None
+        """Called with a cached block's id when an allocation evicts it (the cache forgets it)."""
 
     @property
     def num_free(self) -> int:
-        """Blocks with no owner, available to ``allocate``."""
-        return len(self._free)
+        """Blocks with no owner, available to ``allocate`` (cached ones included: evictable)."""
+        return len(self._free) + len(self._evictable)
 
     @property
     def num_used(self) -> int:
         """Blocks with at least one owner."""
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_evictable(self) -> int:
+        """Blocks with no owner that a prefix cache still indexes."""
+        return len(self._evictable)
 
     def can_allocate(self, n: int) -> bool:
         """Whether ``n`` blocks could be allocated right now (lets the scheduler plan ahead)."""
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks ({n})")
-        return n <= len(self._free)
+        return n <= self.num_free
 
     def allocate(self) -> int:
         """Take one free block with reference count 1; ``CacheExhaustedError`` if none is free."""
@@ -71,10 +84,40 @@ class BlockAllocator:
                 f"{self.num_blocks} are free ({self.num_used} in use); lower max_num_seqs or "
                 f"max_model_len, or raise num_blocks"
             )
-        blocks = [self._free.popleft() for _ in range(n)]
+        blocks = [self._free.popleft() if self._free else self._evict() for _ in range(n)]
         for block in blocks:
             self._refcounts[block] = 1
         return blocks
+
+    def _evict(self) -> int:
+        """Take the least recently freed cached block; the cache is told to forget it."""
+        block, _ = self._evictable.popitem(last=False)
+        self._cached.discard(block)
+        if self.on_evict is not None:
+            self.on_evict(block)
+        return block
+
+    def mark_cached(self, block: int) -> None:
+        """A prefix cache indexes this allocated block: when its last owner frees it, it stays
+        readable (evictable) instead of returning to the free list."""
+        if self.refcount(block) == 0:
+            raise ValueError(f"cannot cache block {block}: it is not allocated")
+        self._cached.add(block)
+
+    def uncache(self, block: int) -> None:
+        """The prefix cache forgot this block: an unowned one becomes plainly free."""
+        self._cached.discard(block)
+        if block in self._evictable:
+            del self._evictable[block]
+            self._free.appendleft(block)
+
+    def revive(self, block: int) -> None:
+        """Take an owner of a cached block, owned or evictable (a prefix cache hit)."""
+        if block not in self._cached:
+            raise ValueError(f"block {block} is not cached")
+        if self._refcounts[block] == 0:
+            del self._evictable[block]
+        self._refcounts[block] += 1
 
     def incref(self, block: int) -> None:
         """Add an owner to an allocated block (sharing it); ``ValueError`` if it is free."""
@@ -91,7 +134,10 @@ class BlockAllocator:
             raise ValueError(f"double free of block {block}: it is not allocated")
         self._refcounts[block] -= 1
         if self._refcounts[block] == 0:
-            self._free.appendleft(block)
+            if block in self._cached:
+                self._evictable[block] = None  # most recently freed last
+            else:
+                self._free.appendleft(block)
 
     def refcount(self, block: int) -> int:
         """Number of owners of ``block`` (0 when free); ``ValueError`` for an id out of range."""

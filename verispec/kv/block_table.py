@@ -53,6 +53,14 @@ class BlockTable:
         total = -(-(self.num_tokens + num_new_tokens) // self.block_size)
         return max(0, total - len(self.blocks))
 
+    def share(self, blocks: list[int]) -> None:
+        """Start an empty table with full blocks someone else computed (a prefix cache hit);
+        the caller already took an owner of each."""
+        if self.blocks:
+            raise ValueError("only an empty table can start with shared blocks")
+        self.blocks = list(blocks)
+        self.num_tokens = len(blocks) * self.block_size
+
     def append_slots(self, n: int) -> list[int]:
         """Reserve the next ``n`` positions and return their slot ids.
 

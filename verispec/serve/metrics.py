@@ -64,7 +64,12 @@ class ServerMetrics:
                              "Time between a request's consecutive steps that emitted tokens "
                              "(one observation per step, as vLLM)").labels(m)  # fmt: skip
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish").labels(m)
+        self.prefix_queries = counter("prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache").labels(m)
+        self.prefix_hits = counter("prefix_cache_hits",
+                                   "Prompt tokens whose KV the prefix cache held").labels(m)
         self._spec_seen = SpecStats()
+        self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
 
     def observe_news(
@@ -102,6 +107,12 @@ class ServerMetrics:
         )  # fmt: skip
         self.num_preemptions.inc(engine.num_preemptions - self._preemptions_seen)
         self._preemptions_seen = engine.num_preemptions
+        cache = engine.prefix_cache
+        if cache is not None:
+            queries, hits = self._prefix_seen
+            self.prefix_queries.inc(cache.num_queries - queries)
+            self.prefix_hits.inc(cache.num_hits - hits)
+            self._prefix_seen = (cache.num_queries, cache.num_hits)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
