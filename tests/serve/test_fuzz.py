@@ -1,0 +1,61 @@
+"""Schema fuzzing with schemathesis: requests generated from the server's own OpenAPI description,
+valid ones and invalid ones (wrong types, missing fields, out-of-range values), never get a 5xx,
+and every error is in OpenAI's schema. Bounded: a few dozen examples per route and mode
+(VERISPEC_SOAK=1: hundreds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.generation import GenerationMode
+
+from serve.conftest import speculative_llm
+from verispec.serve import Server
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+EXAMPLES = 300 if os.environ.get("VERISPEC_SOAK") == "1" else 25
+ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/models", "GET"),
+          ("/health", "GET")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(chat_pair):
+    llm = speculative_llm(chat_pair, max_model_len=64)  # short answers even for large max_tokens
+    with Server(llm.engine, port=0, model_name="tiny-chat") as s:
+        yield s
+
+
+CASES = [(path, method, mode) for path, method in ROUTES for mode in GenerationMode
+         if method == "POST" or mode is GenerationMode.POSITIVE]  # a GET has nothing to break
+
+
+@pytest.mark.parametrize(("path", "method", "mode"), CASES,
+                         ids=[f"{m} {p} {g.value}" for p, m, g in CASES])  # fmt: skip
+def test_no_5xx_and_every_error_in_openai_schema(server, path, method, mode) -> None:
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operation = schema[path][method]
+    statuses: list[int] = []
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None)  # fmt: skip
+    def check(case) -> None:
+        response = case.call(base_url=server.url, timeout=60)
+        statuses.append(response.status_code)
+        assert response.status_code < 500, (case.body, response.text)
+        if response.status_code >= 400:
+            body = response.json()
+            assert set(body) == {"error"}, body
+            assert set(body["error"]) == {"message", "type", "param", "code"}, body
+            assert body["error"]["message"]
+
+    check()
+    assert statuses
+    if mode is GenerationMode.NEGATIVE:
+        assert any(400 <= s < 500 for s in statuses)  # invalid bodies were sent and refused
+    elif method == "POST":
+        assert 200 in statuses  # some generated requests were valid and answered
