@@ -18,6 +18,7 @@ import time
 import openai
 
 from verispec import LLM
+from verispec.chat import chat_prompt
 from verispec.serve import Server
 
 SYSTEM = (
@@ -26,7 +27,7 @@ SYSTEM = (
     + "".join(
         f"Fact {i}: Room {i} shows the harbour as it was in {1820 + 5 * i}, with models of the "
         f"boats, the quay walls and the warehouses of that year, and a map of the town.\n"
-        for i in range(1, 30)
+        for i in range(1, 22)
     )
 )
 QUESTIONS = [
@@ -70,9 +71,9 @@ def main() -> None:
         hit_rate = cache.num_hits / cache.num_queries if cache and cache.num_queries else 0.0
         rows[enabled] = (times[0], statistics.median(times[1:]), hit_rate)
         answers[enabled] = texts
-        prompt_tokens = len(llm.tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
-            add_generation_prompt=True))  # fmt: skip
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": QUESTIONS[0]}]  # fmt: skip
+        prompt_tokens = len(chat_prompt(llm.tokenizer, messages, "model")[1])
     if answers[False] != answers[True]:
         raise SystemExit("answers differ with the prefix cache")
     print(f"model {args.model or 'smollm2-135m-instruct'}, drafter {args.method}, "
