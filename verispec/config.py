@@ -104,6 +104,8 @@ class EngineConfig:
                     f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
                 )
             self.speculative = default_speculative(self.model)
+            if self.speculative is not None:
+                self.speculative.adaptive = True
 
 
 @dataclass(slots=True)
@@ -134,9 +136,16 @@ class SpecConfig:
     """Tree methods that also look up the prompt (eagle): graft a prompt-lookup chain of up to
     this many tokens onto each tree (its nodes count in num_speculative_tokens; None = off).
     The head drafts what is new, the lookup what is copied; the target checks both at once."""
+    adaptive: bool = False
+    """Choose each step how many tokens to draft per request, up to num_speculative_tokens
+    (a tree: none or all of it), from a measured cost model of this engine and each request's
+    acceptance, so speculation turns itself off under load (engine/spec_policy.py);
+    False = always num_speculative_tokens. speculative="auto" turns it on."""
 
     def __post_init__(self) -> None:
         traits = method(self.method)  # ValueError listing the methods for an unknown name
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
         check_quantization(self.quantization, "speculative quantization")
         self._check_tree(traits.takes_tree)
         k = self.num_speculative_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import torch
 
@@ -12,11 +13,12 @@ from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
+from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.kv import BlockAllocator, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.hub import DEFAULT_MODEL
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
-from verispec.models.paged import PagedModel
+from verispec.models.paged import PagedModel, append_chunk
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 from verispec.sample.rejection import Verdict
@@ -93,9 +95,15 @@ class Engine:
             self.feature_drafter is not None and self.feature_drafter.reads_every_position
         ):
             self.prefix_cache = PrefixCache(self.allocator, block_size)
+        self.spec_policy: AdaptiveSpeculation | None = None
+        """Chooses each step's draft counts when spec.adaptive (engine/spec_policy.py)."""
+        if spec is not None and spec.adaptive:
+            tree = (spec.tree_topk or 1) > 1
+            self.spec_policy = AdaptiveSpeculation(spec.num_speculative_tokens, tree,
+                                                   self._profile_target())  # fmt: skip
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
-            spec.num_speculative_tokens if spec else 0, self.prefix_cache,
+            spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
@@ -134,18 +142,39 @@ class Engine:
         """The target's KV block allocator."""
         return self.runner.target.allocator
 
+    def _profile_target(self) -> StepCost:
+        """Time target forwards of 1, 2, 4, ... new tokens (the adaptive policy's first cost
+        model; each timed after one untimed run)."""
+        cost = StepCost()
+        limit = min(self.config.max_num_batched_tokens, self.max_model_len - 1, 64)
+        target = self.runner.target
+        for tokens in (t for t in (1, 2, 4, 8, 16, 32, 64) if t <= limit):
+            table = target.new_table()
+            try:
+                chunk = append_chunk(table, [0] * tokens)
+                target.forward([chunk])
+                start = time.perf_counter()
+                target.forward([chunk])
+                cost.target[tokens] = time.perf_counter() - start
+            finally:
+                table.free()
+        return cost
+
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
         clock = self.step_times
         clock.start()
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
         self._release(plan.preempted)
         self.num_preemptions += len(plan.preempted)
         clock.lap("schedule")
+        drafting_started = time.perf_counter()
         draft_probs = self._propose(plan.scheduled)
+        draft_s = time.perf_counter() - drafting_started
         clock.lap("draft")
         drafter = self.feature_drafter
         layers = drafter.feature_layers if drafter is not None else ()
@@ -164,7 +193,22 @@ class Engine:
         self._release(finished)
         clock.lap("update")
         clock.steps += 1
+        if self.spec_policy is not None:
+            self._observe_step(self.spec_policy, plan, verdict,
+                               time.perf_counter() - started, draft_s)  # fmt: skip
         return [s.request for s in plan.sampling]
+
+    @staticmethod
+    def _observe_step(
+        policy: AdaptiveSpeculation, plan: Schedule, verdict: Verdict, step_s: float,
+        draft_s: float,
+    ) -> None:  # fmt: skip
+        """Feed the adaptive policy this step's times and each request's acceptance."""
+        tokens = sum(len(s.token_ids) + len(s.draft_token_ids) for s in plan.scheduled)
+        depth = max((len(s.draft_token_ids) for s in plan.scheduled), default=0)
+        policy.cost.observe(tokens, depth, step_s - draft_s, draft_s)
+        for s, accepted in zip(plan.sampling, verdict.num_accepted, strict=True):
+            policy.observe_request(s.request.request_id, len(s.draft_token_ids), accepted)
 
     def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """Fill each decoding request's draft tokens; return the drafter's q rows (or None)."""
@@ -196,10 +240,15 @@ class Engine:
             offset += len(s.token_ids) + len(s.draft_token_ids)
 
     def _release(self, requests: list[Request]) -> None:
-        """Drop what the drafter holds for requests that finished or lost their KV."""
+        """Drop what the drafter (and the adaptive policy) holds for requests that finished or
+        lost their KV."""
         if self.proposer is not None:
             for request in requests:
                 self.proposer.release(request)
+        if self.spec_policy is not None:
+            for request in requests:
+                if request.finished:
+                    self.spec_policy.release(request.request_id)
 
     def abort_request(self, request: Request) -> None:
         """Stop a request before it finishes; it keeps the tokens it has, and frees its blocks."""

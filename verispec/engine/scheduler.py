@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from verispec.engine.spec_policy import AdaptiveSpeculation
 from verispec.kv import CacheExhaustedError, PrefixCache
 from verispec.metrics import SpecStats
 from verispec.outputs import TokenLogprobs
@@ -63,6 +64,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         num_speculative_tokens: int = 0,
         prefix_cache: PrefixCache | None = None,
+        policy: AdaptiveSpeculation | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -70,6 +72,10 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         """When set, a request starting from scratch reuses the cached KV of its prompt's
         longest computed prefix, and computed full blocks are indexed after each step."""
+        self.policy = policy
+        """When set, it chooses each decoding request's k every step (up to
+        num_speculative_tokens); else every decoding request gets num_speculative_tokens."""
+        self._planned: dict[int, int] = {}  # id(request) -> k the policy chose this step
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -84,6 +90,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        self._plan_drafts(budget)
         for request in list(self.running):
             if budget == 0 or request not in self.running:  # preempted meanwhile
                 continue
@@ -190,12 +197,26 @@ class Scheduler:
         ids = request.all_token_ids[start : start + num_new]
         return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
 
+    def _plan_drafts(self, budget: int) -> None:
+        """Ask the policy for each running decoding request's k (the step's other new tokens,
+        one per decoding request and the running prefill chunks, are its base cost)."""
+        self._planned = {}
+        if self.policy is None:
+            return
+        decoding = [r for r in self.running
+                    if r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens > 0]
+        base = sum(min(r.num_tokens - r.num_computed_tokens, budget) for r in self.running)
+        ks = self.policy.choose([r.request_id for r in decoding], min(base, budget))
+        self._planned = {id(r): k for r, k in zip(decoding, ks, strict=True)}  # fmt: skip
+
     def _num_drafts(self, request: Request, budget: int) -> int:
-        """k for a decoding request, shrunk so drafts fit the token budget, the context limit
-        (the last draft's position stays below max_model_len) and max_tokens (k + 1 emitted)."""
+        """k for a decoding request (the policy's choice, else num_speculative_tokens), shrunk
+        so drafts fit the token budget, the context limit (the last draft's position stays
+        below max_model_len) and max_tokens (k + 1 emitted)."""
         left = request.params.max_tokens - len(request.output_token_ids)
         limit = min(budget, request.max_model_len - request.num_tokens, left - 1)
-        return max(0, min(self.num_speculative_tokens, limit))
+        k = self._planned.get(id(request), self.num_speculative_tokens)
+        return max(0, min(k, limit))
 
     def _reserve(
         self,

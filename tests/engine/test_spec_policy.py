@@ -1,0 +1,103 @@
+"""Adaptive speculation (engine/spec_policy.py): the choice maximises expected tokens per second
+of a cost model, turns drafting off where it does not pay, and never changes the output."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SPEC_PAIRS
+from hypothesis import given
+from hypothesis import strategies as st
+
+from verispec import LLM, SamplingParams, SpecConfig
+from verispec.engine.spec_policy import (
+    AdaptiveSpeculation,
+    StepCost,
+    choose_num_drafts,
+    expected_accepted,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def linear_cost(per_step: float, per_token: float, per_depth: float):
+    return lambda tokens, depth: per_step + per_token * tokens + per_depth * depth
+
+
+def rate(accepted, depths, ks, base, cost) -> float:
+    emitted = len(ks) + sum(accepted[i][depths.index(k)] for i, k in enumerate(ks))
+    return emitted / cost(base + sum(ks), max(ks, default=0))
+
+
+@given(
+    alphas=st.lists(st.floats(0.0, 0.99), min_size=1, max_size=8),
+    per_token=st.floats(0.0, 0.5),
+    per_depth=st.floats(0.0, 0.5),
+)
+def test_the_choice_is_at_least_as_good_as_any_common_depth(alphas, per_token, per_depth) -> None:
+    depths = [0, 1, 2, 3, 4]
+    accepted = [[expected_accepted(a, d) for d in depths] for a in alphas]
+    cost = linear_cost(1.0, per_token, per_depth)
+    ks = choose_num_drafts(accepted, depths, len(alphas), cost)
+    best = rate(accepted, depths, ks, len(alphas), cost)
+    for d in depths:
+        assert best >= rate(accepted, depths, [d] * len(alphas), len(alphas), cost) - 1e-12
+
+
+def test_drafts_pay_for_one_request_and_not_for_a_full_batch() -> None:
+    """A bandwidth-bound target (a step costs about the same for 1 or 8 tokens) rewards drafts
+    for one request; once the batch makes the forward compute-bound, drafts only add work."""
+    cost = StepCost(target={1: 0.010, 8: 0.011, 32: 0.040, 64: 0.080, 160: 0.200},
+                    draft={4: 0.002})  # fmt: skip
+    policy = AdaptiveSpeculation(4, tree=False, cost=cost)
+    for _ in range(20):  # requests whose drafts are mostly accepted
+        policy.observe_request("a", 4, 3)
+    assert policy.choose(["a"], 1) == [4]
+    busy = [f"r{i}" for i in range(32)]
+    for r in busy:
+        for _ in range(20):
+            policy.observe_request(r, 4, 3)
+    assert policy.choose(busy, 32) == [0] * 32
+
+
+def test_requests_that_never_accept_stop_drafting_others_go_on() -> None:
+    cost = StepCost(target={1: 0.010, 2: 0.011, 4: 0.013, 8: 0.017}, draft={2: 0.001})
+    policy = AdaptiveSpeculation(2, tree=False, cost=cost)
+    for _ in range(30):
+        policy.observe_request("good", 2, 2)
+        policy.observe_request("bad", 2, 0)
+    assert policy.choose(["good", "bad"], 2) == [2, 0]
+
+
+def test_a_tree_is_all_or_nothing_and_exploration_keeps_estimates_fresh() -> None:
+    cost = StepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={15: 0.2})
+    policy = AdaptiveSpeculation(15, tree=True, cost=cost)
+    assert policy.depths == [0, 15]
+    choices = [policy.choose(["t"], 1) for _ in range(64)]
+    assert choices[:63] == [[0]] * 63  # drafting costs 0.2 s for at most 15 tokens: off
+    assert choices[63] == [15]  # ... but every 64th step drafts, to measure again
+
+
+@pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+def test_adaptive_speculation_keeps_greedy_output(spec_pair) -> None:
+    target, draft = spec_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [[5 + i, 17, 42, 99] for i in range(6)]
+    plain = LLM(model=str(target), speculative=None, batch_invariant=True)
+    spec = SpecConfig(model=str(draft), num_speculative_tokens=4, adaptive=True)
+    adaptive = LLM(model=str(target), speculative=spec, batch_invariant=True)
+    assert adaptive.engine.spec_policy is not None
+    assert adaptive.engine.spec_policy.cost.target  # profiled at start-up
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in adaptive.generate(prompts, params)] == want
+    assert [adaptive.generate(p, params)[0].token_ids for p in prompts] == want
+    assert adaptive.engine.spec_policy.cost.draft  # drafting was tried and timed
+
+
+def test_auto_turns_it_on_and_a_fixed_k_stays_fixed() -> None:
+    from verispec.config import EngineConfig
+
+    assert EngineConfig(model="embedded-code").speculative.adaptive is True
+    explicit = SpecConfig(model="draft/", num_speculative_tokens=3)
+    assert explicit.adaptive is False
+    with pytest.raises(ValueError, match="adaptive"):
+        SpecConfig(model="draft/", adaptive="yes")

@@ -1,0 +1,201 @@
+"""Adaptive speculation: each step, how many tokens to draft for each decoding request (0 = none)
+so that the expected number of tokens emitted per second of step time is highest, from a cost
+model of this engine on this machine and each request's running acceptance estimate.
+
+Speculation is a latency optimisation: one request alone gains from every accepted draft,
+but a full batch already keeps the hardware busy, and drafts then only add work to the step.
+The cost model says where that happens on this machine, so under load the policy turns
+speculation down and off by itself (docs/design.md, 10).
+
+- **Cost**: step seconds = target(new tokens in the forward) + draft(depth drafted). Target
+  time is profiled at start-up (forwards of 1, 2, 4, ... tokens) and then learned online per
+  token count (exponential moving average, linear interpolation between measured counts);
+  draft time per depth is learned online (0 until measured: optimistic, so it gets measured).
+- **Gain**: a chain request drafting d tokens with per-token acceptance a (geometric model)
+  expects a (1 - a^d) / (1 - a) accepted drafts; a is its own accepted / (accepted +
+  rejections) shrunk towards the engine-wide value (a prior worth PRIOR_WEIGHT verify steps).
+  A tree request has two options, no drafts or the full tree, whose gain is its mean accepted
+  drafts per verify step (shrunk likewise).
+- **Choice** (choose_num_drafts): the best common depth, then each request whose drafts add
+  fewer tokens than their share of the step's extra time would have produced drops to 0.
+  When the choice is no drafts at all, every EXPLORE_EVERY-th step drafts anyway, so the
+  acceptance estimates and draft costs stay current (at most 1/EXPLORE_EVERY of the steps).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+PRIOR_WEIGHT = 4.0
+"""Verify steps' worth of weight the engine-wide acceptance has in a request's estimate."""
+EXPLORE_EVERY = 64
+"""A step that would draft nothing drafts anyway once in this many steps."""
+SMOOTHING = 0.2
+"""Weight of a new measurement in the moving averages of the cost model."""
+
+
+def expected_accepted(alpha: float, depth: int) -> float:
+    """Expected accepted drafts of a chain of `depth` tokens, each accepted with probability
+    alpha given the previous one was.
+
+    >>> round(expected_accepted(0.5, 2), 3), expected_accepted(1.0, 3), expected_accepted(0.9, 0)
+    (0.75, 3.0, 0.0)
+    """
+    if alpha >= 1.0:
+        return float(depth)
+    return alpha * (1 - alpha**depth) / (1 - alpha)
+
+
+def choose_num_drafts(
+    accepted: Sequence[Sequence[float]],
+    depths: Sequence[int],
+    base_tokens: int,
+    step_seconds: Callable[[int, int], float],
+) -> list[int]:
+    """Per request, the number of drafts (one of depths, which starts at 0) that maximises
+    expected emitted tokens per second of step time.
+
+    accepted[i][j]: request i's expected accepted drafts when it drafts depths[j] tokens;
+    base_tokens: new tokens in the forward besides drafts (one per decoding request, plus
+    prefill chunks); step_seconds(tokens, depth): the step's time with `tokens` in the target
+    forward and `depth` positions drafted. Each decoding request emits 1 + accepted tokens.
+
+    Worked example: two requests, one predictable (a = 0.9), one not (0.1), depths [0, 1, 2],
+    a step costing 1 s + 0.1 s per token + 0.2 s per draft position, 2 base tokens:
+    depth 2 for both gives (2 + 1.71 + 0.11) / (1 + 0.6 + 0.4) = 1.91 tokens/s against
+    2 / 1.2 = 1.67 without drafts; the second request's two drafts add 0.11 tokens for 0.2 s,
+    less than the 0.38 tokens that time is worth at that rate, so it drafts none.
+
+    >>> acc = [[0, 0.9, 1.71], [0, 0.1, 0.11]]
+    >>> choose_num_drafts(acc, [0, 1, 2], 2, lambda t, d: 1 + 0.1 * t + 0.2 * d)
+    [2, 0]
+    """
+    n = len(accepted)
+    if n == 0:
+        return []
+
+    def rate(ks: Sequence[int], js: Sequence[int]) -> float:
+        emitted = n + sum(accepted[i][j] for i, j in enumerate(js))
+        return emitted / step_seconds(base_tokens + sum(ks), max(ks, default=0))
+
+    best_j = max(range(len(depths)), key=lambda j: rate([depths[j]] * n, [j] * n))
+    depth = depths[best_j]
+    ks, js = [depth] * n, [best_j] * n
+    if depth == 0:
+        return ks
+    r = rate(ks, js)
+    per_token = (step_seconds(base_tokens + depth * n, depth)
+                 - step_seconds(base_tokens + depth * (n - 1), depth)) / depth  # fmt: skip
+    for i in range(n):  # a request whose drafts are worth less than the time they take
+        if accepted[i][best_j] < r * per_token * depth:
+            ks[i], js[i] = 0, 0
+    if not any(ks):
+        return ks
+    return ks if rate(ks, js) >= rate([depth] * n, [best_j] * n) else [depth] * n
+
+
+@dataclass
+class StepCost:
+    """Seconds of an engine step, by new tokens in the target forward and by draft depth."""
+
+    target: dict[int, float] = field(default_factory=dict)
+    """Measured target seconds by token count (profile, then moving averages)."""
+    draft: dict[int, float] = field(default_factory=dict)
+    """Measured draft seconds by depth."""
+
+    def observe(self, tokens: int, depth: int, target_s: float, draft_s: float) -> None:
+        """Fold one step's measured times in."""
+        _update(self.target, tokens, target_s)
+        if depth > 0:
+            _update(self.draft, depth, draft_s)
+
+    def seconds(self, tokens: int, depth: int) -> float:
+        """Predicted step seconds."""
+        return _interpolate(self.target, tokens) + (
+            _interpolate(self.draft, depth) if depth > 0 and self.draft else 0.0
+        )
+
+
+def _update(table: dict[int, float], key: int, value: float) -> None:
+    old = table.get(key)
+    table[key] = value if old is None else (1 - SMOOTHING) * old + SMOOTHING * value
+
+
+def _interpolate(table: dict[int, float], x: int) -> float:
+    """Piecewise-linear through the measured points, extended by the end segments' slopes.
+
+    >>> _interpolate({1: 1.0, 3: 2.0}, 2), _interpolate({1: 1.0, 3: 2.0}, 5), _interpolate({}, 4)
+    (1.5, 3.0, 0.0)
+    """
+    if not table:
+        return 0.0
+    xs = sorted(table)
+    if x in table:
+        return table[x]
+    if len(xs) == 1:
+        return table[xs[0]] * x / xs[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = table[x0], table[x1]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass
+class _Counts:
+    accepted: int = 0
+    rejections: int = 0
+    steps: int = 0
+
+
+class AdaptiveSpeculation:
+    """Chooses each decoding request's draft count each step (see the module docstring)."""
+
+    def __init__(self, max_tokens: int, tree: bool, cost: StepCost | None = None) -> None:
+        self.max_tokens = max_tokens
+        self.tree = tree
+        self.depths = [0, max_tokens] if tree else list(range(max_tokens + 1))
+        self.cost = cost or StepCost()
+        self._requests: dict[str, _Counts] = {}
+        self._total = _Counts()
+        self._idle_steps = 0
+        self.last_choice: list[int] = []
+        """The draft counts chosen at the last step (for metrics)."""
+
+    def choose(self, request_ids: Sequence[str], base_tokens: int) -> list[int]:
+        """Draft counts for the decoding requests (before the scheduler's own limits)."""
+        accepted = [self._gains(self._requests.get(r, _Counts())) for r in request_ids]
+        ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds)
+        if request_ids and not any(ks):
+            self._idle_steps += 1
+            if self._idle_steps % EXPLORE_EVERY == 0:
+                ks = [self.depths[1]] * len(request_ids)
+        self.last_choice = ks
+        return ks
+
+    def observe_request(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        """Count one verify step of a request (num_drafts > 0)."""
+        if num_drafts <= 0:
+            return
+        rejected = int(num_accepted < num_drafts)
+        for counts in (self._requests.setdefault(request_id, _Counts()), self._total):
+            counts.accepted += num_accepted
+            counts.rejections += rejected
+            counts.steps += 1
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def _gains(self, counts: _Counts) -> list[float]:
+        total = self._total
+        if self.tree:  # mean accepted drafts per verify step, shrunk to the engine's
+            prior = total.accepted / total.steps if total.steps else self.max_tokens / 2
+            mean = (counts.accepted + PRIOR_WEIGHT * prior) / (counts.steps + PRIOR_WEIGHT)
+            return [0.0, mean]
+        seen = total.accepted + total.rejections
+        prior = total.accepted / seen if seen else 0.5
+        alpha = (counts.accepted + PRIOR_WEIGHT * prior) / (
+            counts.accepted + counts.rejections + PRIOR_WEIGHT
+        )
+        return [expected_accepted(alpha, d) for d in self.depths]
