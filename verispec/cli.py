@@ -128,6 +128,19 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--no-verify-cost", action="store_true", help="skip the q curve")
     bench.add_argument("--json", default=None, metavar="PATH", help="write settings and rows")
     bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots")
+    serving = bench.add_argument_group(
+        "serving mode (--serving): a concurrency sweep through HTTP, speculation settings side "
+        "by side; uses --target, --concurrency (1,2,4,8,16,32), --max-tokens (64), --json, --plot"
+    )
+    serving.add_argument("--serving", action="store_true",
+                         help="sweep concurrency through verispec serve instead")  # fmt: skip
+    serving.add_argument("--settings", type=_csv(str), default=None,
+                         help="off, auto (adaptive), fixed (the model's own drafter at its k), "
+                         "kN (its method as a chain of N) (off,auto,fixed)")  # fmt: skip
+    serving.add_argument("--requests", type=int, default=None,
+                         help="requests per concurrency and setting (max(8, 2 x concurrency))")
+    serving.add_argument("--url", default=None,
+                         help="benchmark a running server instead (one setting: its own)")
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -252,6 +265,10 @@ def _at_least_one(flag: str, value: int) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.serving:
+        from verispec.bench.main import run_serving
+
+        return run_serving(args)
     from verispec.bench.main import bench_config, run
 
     return run(bench_config(args), args)

@@ -223,3 +223,37 @@ def cpu_model() -> str:
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return (f"{info['model name']} (family {info.get('cpu family')} model {info.get('model')}, "
             f"{' '.join(isa)}; {os.cpu_count()} cpus)")  # fmt: skip
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    """`verispec bench --serving`: the HTTP concurrency sweep (bench/serving.py)."""
+    import json
+
+    from verispec.bench.serving import SETTINGS, ServingConfig, plot, rows_json, run_sweep
+    from verispec.bench.serving import table as serving_table
+
+    given = [f"--{n.replace('_', '-')}" for n in ("workloads", "methods", "k", "eagle", "medusa",
+             "trees", "temperatures", "top_p", "prompts", "repeats", "engines", "draft")
+             if getattr(args, n) not in (None, False)]  # fmt: skip
+    if given:
+        raise ValueError(f"{', '.join(given)} do not apply to --serving")
+    if args.url is not None and args.settings is not None and len(args.settings) != 1:
+        raise ValueError("--url benchmarks one running server: give one --settings name or none")
+    for flag, value in (("--requests", args.requests), ("--max-tokens", args.max_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.concurrency is not None and (not args.concurrency or min(args.concurrency) < 1):
+        raise ValueError("--concurrency takes integers >= 1, e.g. 1,2,4")
+    settings_ = args.settings or (("server",) if args.url else SETTINGS)
+    config = ServingConfig(
+        model=args.target, settings=tuple(settings_), url=args.url, requests=args.requests,
+        concurrency=tuple(args.concurrency or (1, 2, 4, 8, 16, 32)),
+        max_tokens=args.max_tokens or 64,
+    )  # fmt: skip
+    rows = run_sweep(config, lambda m: print(m, file=sys.stderr, flush=True))
+    print(serving_table(rows, config))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows_json(rows, config), indent=2))
+    if args.plot:
+        print(f"wrote {plot(rows, Path(args.plot) / 'serving_sweep.png')}", file=sys.stderr)
+    return 0

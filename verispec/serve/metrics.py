@@ -68,6 +68,10 @@ class ServerMetrics:
                                       "Prompt tokens looked up in the prefix cache").labels(m)
         self.prefix_hits = counter("prefix_cache_hits",
                                    "Prompt tokens whose KV the prefix cache held").labels(m)
+        self.num_speculative_tokens = gauge(
+            "spec_decode_num_speculative_tokens",
+            "Draft tokens per decoding request the adaptive policy chose at the last step "
+            "(mean; 0 = speculation off)").labels(m)  # fmt: skip
         self._spec_seen = SpecStats()
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
@@ -107,6 +111,9 @@ class ServerMetrics:
         )  # fmt: skip
         self.num_preemptions.inc(engine.num_preemptions - self._preemptions_seen)
         self._preemptions_seen = engine.num_preemptions
+        policy = engine.spec_policy
+        if policy is not None and policy.last_choice:
+            self.num_speculative_tokens.set(sum(policy.last_choice) / len(policy.last_choice))
         cache = engine.prefix_cache
         if cache is not None:
             queries, hits = self._prefix_seen
