@@ -130,7 +130,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots")
     serving = bench.add_argument_group(
         "serving mode (--serving): a concurrency sweep through HTTP, speculation settings side "
-        "by side; uses --target, --concurrency (1,2,4,8,16,32), --max-tokens (64), --json, --plot"
+        "by side; uses --target, --concurrency (1,2,4,8,16,32), --max-tokens (64), --repeats "
+        "(rounds, median; 1), --json, --plot"
     )
     serving.add_argument("--serving", action="store_true",
                          help="sweep concurrency through verispec serve instead")  # fmt: skip

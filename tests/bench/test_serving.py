@@ -13,13 +13,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_a_small_sweep_through_http(tmp_path) -> None:
     config = ServingConfig(model="embedded-code", settings=("off", "auto", "k2"),
-                           concurrency=(1, 2), requests=2, max_tokens=8)  # fmt: skip
+                           concurrency=(1, 2), requests=2, max_tokens=8, repeats=2)  # fmt: skip
     rows = run_sweep(config, log=lambda _: None)
     assert [(r.concurrency, r.setting) for r in rows] == [
         (1, "off"), (1, "auto"), (1, "k2"), (2, "off"), (2, "auto"), (2, "k2")
     ]  # fmt: skip
     for r in rows:
-        assert r.requests == 2 and r.output_tokens == 16 and r.throughput > 0
+        assert r.requests == 4 and r.output_tokens == 32 and r.throughput > 0  # 2 rounds
+        assert len(r.extra["round_tokens_per_s"]) == 2
         assert r.extra["workload"] == "code"  # embedded-code has no chat template
         assert r.ttft_p50_s <= r.ttft_p90_s and r.goodput_rps >= 0
     off = [r for r in rows if r.setting == "off"]

@@ -233,13 +233,14 @@ def run_serving(args: argparse.Namespace) -> int:
     from verispec.bench.serving import table as serving_table
 
     given = [f"--{n.replace('_', '-')}" for n in ("workloads", "methods", "k", "eagle", "medusa",
-             "trees", "temperatures", "top_p", "prompts", "repeats", "engines", "draft")
+             "trees", "temperatures", "top_p", "prompts", "engines", "draft")
              if getattr(args, n) not in (None, False)]  # fmt: skip
     if given:
         raise ValueError(f"{', '.join(given)} do not apply to --serving")
     if args.url is not None and args.settings is not None and len(args.settings) != 1:
         raise ValueError("--url benchmarks one running server: give one --settings name or none")
-    for flag, value in (("--requests", args.requests), ("--max-tokens", args.max_tokens)):
+    for flag, value in (("--requests", args.requests), ("--max-tokens", args.max_tokens),
+                        ("--repeats", args.repeats)):  # fmt: skip
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.concurrency is not None and (not args.concurrency or min(args.concurrency) < 1):
@@ -248,7 +249,7 @@ def run_serving(args: argparse.Namespace) -> int:
     config = ServingConfig(
         model=args.target, settings=tuple(settings_), url=args.url, requests=args.requests,
         concurrency=tuple(args.concurrency or (1, 2, 4, 8, 16, 32)),
-        max_tokens=args.max_tokens or 64,
+        max_tokens=args.max_tokens or 64, repeats=args.repeats or 1,
     )  # fmt: skip
     rows = run_sweep(config, lambda m: print(m, file=sys.stderr, flush=True))
     print(serving_table(rows, config))

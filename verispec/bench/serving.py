@@ -30,7 +30,10 @@ class ServingConfig:
     settings: tuple[str, ...] = SETTINGS
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     requests: int | None = None
-    """Requests per (setting, concurrency); default max(8, 2 x concurrency)."""
+    """Requests per (setting, concurrency, round); default max(8, 2 x concurrency)."""
+    repeats: int = 1
+    """Rounds per concurrency, each running every setting in turn; a row's throughput is the
+    median round's, its latencies pooled over rounds."""
     max_tokens: int = 64
     ttft_slo_s: float = 2.0
     itl_slo_s: float = 0.25
@@ -176,13 +179,22 @@ def run_sweep(config: ServingConfig, log: Any = print) -> list[Row]:
         rows: list[Row] = []
         for c in config.concurrency:
             n = config.requests or max(8, 2 * c)
-            for setting in config.settings:
-                results, seconds = asyncio.run(
-                    _load(urls[setting], model, prompts, n, c, config.max_tokens)
-                )
-                rows.append(_row(setting, c, results, seconds, config))
-                rows[-1].extra["workload"] = "chat" if "messages" in prompts[0] else "code"
-                log(f"concurrency {c:>3} {setting:>6}: {rows[-1].throughput:7.1f} tokens/s")
+            runs: dict[str, list[tuple[list[dict], float]]] = {s: [] for s in config.settings}
+            for _ in range(config.repeats):  # rounds: every setting in turn, drift hits all
+                for setting in config.settings:
+                    runs[setting].append(asyncio.run(
+                        _load(urls[setting], model, prompts, n, c, config.max_tokens)
+                    ))  # fmt: skip
+                    log(f"concurrency {c:>3} {setting:>6}: "
+                        f"{_tokens(runs[setting][-1]):7.1f} tokens/s")  # fmt: skip
+            for setting, rounds in runs.items():
+                median = sorted(rounds, key=_tokens)[len(rounds) // 2]
+                pooled = [r for results, _ in rounds for r in results]
+                row = _row(setting, c, pooled, median[1] * len(rounds), config)
+                row.output_tokens = sum(r["tokens"] for r in median[0]) * len(rounds)
+                row.extra["workload"] = "chat" if "messages" in prompts[0] else "code"
+                row.extra["round_tokens_per_s"] = [round(_tokens(x), 2) for x in rounds]
+                rows.append(row)
             off = next((r for r in rows if r.concurrency == c and r.setting == "off"), None)
             for r in rows:
                 if r.concurrency == c and off is not None:
@@ -191,6 +203,12 @@ def run_sweep(config: ServingConfig, log: Any = print) -> list[Row]:
     finally:
         for server in servers.values():
             server.stop()
+
+
+def _tokens(run: tuple[list[dict], float]) -> float:
+    """Output tokens per second of one (results, seconds) run."""
+    results, seconds = run
+    return sum(r["tokens"] for r in results) / seconds
 
 
 def workload(chat: bool) -> list[dict[str, Any]]:

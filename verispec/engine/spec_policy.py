@@ -190,7 +190,7 @@ class AdaptiveSpeculation:
     def _gains(self, counts: _Counts) -> list[float]:
         total = self._total
         if self.tree:  # mean accepted drafts per verify step, shrunk to the engine's
-            prior = total.accepted / total.steps if total.steps else self.max_tokens / 2
+            prior = total.accepted / total.steps if total.steps else 1.0
             mean = (counts.accepted + PRIOR_WEIGHT * prior) / (counts.steps + PRIOR_WEIGHT)
             return [0.0, mean]
         seen = total.accepted + total.rejections
