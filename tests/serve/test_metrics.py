@@ -21,6 +21,7 @@ NAMES = (
     "kv_cache_usage_perc", "prompt_tokens", "generation_tokens", "num_preemptions",
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
     "request_success", "prefix_cache_queries", "prefix_cache_hits",
+    "spec_decode_num_speculative_tokens",
 )  # fmt: skip
 
 

@@ -155,7 +155,7 @@ class Engine:
                 target.forward([chunk])
                 start = time.perf_counter()
                 target.forward([chunk])
-                cost.target[tokens] = time.perf_counter() - start
+                cost.profile[tokens] = time.perf_counter() - start
             finally:
                 table.free()
         return cost

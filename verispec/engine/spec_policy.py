@@ -34,6 +34,9 @@ EXPLORE_EVERY = 64
 """A step that would draft nothing drafts anyway once in this many steps."""
 SMOOTHING = 0.2
 """Weight of a new measurement in the moving averages of the cost model."""
+MARGIN = 0.03
+"""Drafts must promise this much more throughput than none: speculation has costs the model
+leaves out (tree building, verification of more rows), so a near tie goes to no drafts."""
 
 
 def expected_accepted(alpha: float, depth: int) -> float:
@@ -53,9 +56,11 @@ def choose_num_drafts(
     depths: Sequence[int],
     base_tokens: int,
     step_seconds: Callable[[int, int], float],
+    margin: float = 0.0,
 ) -> list[int]:
     """Per request, the number of drafts (one of depths, which starts at 0) that maximises
-    expected emitted tokens per second of step time.
+    expected emitted tokens per second of step time; drafting at all must beat no drafts by
+    the fraction `margin`.
 
     accepted[i][j]: request i's expected accepted drafts when it drafts depths[j] tokens;
     base_tokens: new tokens in the forward besides drafts (one per decoding request, plus
@@ -83,8 +88,8 @@ def choose_num_drafts(
     best_j = max(range(len(depths)), key=lambda j: rate([depths[j]] * n, [j] * n))
     depth = depths[best_j]
     ks, js = [depth] * n, [best_j] * n
-    if depth == 0:
-        return ks
+    if depth == 0 or rate(ks, js) < (1 + margin) * rate([0] * n, [0] * n):
+        return [0] * n
     r = rate(ks, js)
     per_token = (step_seconds(base_tokens + depth * n, depth)
                  - step_seconds(base_tokens + depth * (n - 1), depth)) / depth  # fmt: skip
@@ -98,24 +103,49 @@ def choose_num_drafts(
 
 @dataclass
 class StepCost:
-    """Seconds of an engine step, by new tokens in the target forward and by draft depth."""
+    """Seconds of an engine step, by new tokens in the target forward and by draft depth.
+
+    The start-up profile (one short sequence) is cheaper than serving steps (many sequences,
+    long contexts), so once steps are measured, profile points stand in only where no step was
+    measured, scaled by how much slower the measured steps were than the profile predicted.
+    """
 
     target: dict[int, float] = field(default_factory=dict)
-    """Measured target seconds by token count (profile, then moving averages)."""
+    """Measured step seconds (besides drafting) by token count (moving averages)."""
     draft: dict[int, float] = field(default_factory=dict)
     """Measured draft seconds by depth."""
+    profile: dict[int, float] = field(default_factory=dict)
+    """Target forward seconds by token count, timed at start-up."""
+    _merged: dict[int, float] = field(default_factory=dict, repr=False)
 
     def observe(self, tokens: int, depth: int, target_s: float, draft_s: float) -> None:
         """Fold one step's measured times in."""
         _update(self.target, tokens, target_s)
         if depth > 0:
             _update(self.draft, depth, draft_s)
+        self._merged = {}
 
     def seconds(self, tokens: int, depth: int) -> float:
         """Predicted step seconds."""
-        return _interpolate(self.target, tokens) + (
+        return _interpolate(self.curve(), tokens) + (
             _interpolate(self.draft, depth) if depth > 0 and self.draft else 0.0
         )
+
+    def curve(self) -> dict[int, float]:
+        """Target seconds by token count: measured steps, and the profile scaled to them.
+
+        >>> StepCost(target={4: 0.2}, profile={4: 0.1, 8: 0.15}).curve()
+        {8: 0.3, 4: 0.2}
+        """
+        if not self._merged:
+            if self.target and self.profile:
+                ratios = [t / _interpolate(self.profile, k) for k, t in self.target.items()]
+                scale = sum(ratios) / len(ratios)
+            else:
+                scale = 1.0
+            scaled = {k: v * scale for k, v in self.profile.items() if k not in self.target}
+            self._merged = {**scaled, **self.target}
+        return self._merged
 
 
 def _update(table: dict[int, float], key: int, value: float) -> None:
@@ -166,7 +196,7 @@ class AdaptiveSpeculation:
     def choose(self, request_ids: Sequence[str], base_tokens: int) -> list[int]:
         """Draft counts for the decoding requests (before the scheduler's own limits)."""
         accepted = [self._gains(self._requests.get(r, _Counts())) for r in request_ids]
-        ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds)
+        ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds, MARGIN)
         if request_ids and not any(ks):
             self._idle_steps += 1
             if self._idle_steps % EXPLORE_EVERY == 0:
