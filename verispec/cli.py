@@ -288,8 +288,18 @@ def _serve(args: argparse.Namespace) -> int:
     llm = load_llm(args)
     server = Server(llm.engine, args.host, args.port, api_key, args.served_model_name,
                     log_level="info")  # fmt: skip
+    engine = llm.engine
+    spec = engine.config.speculative
+    drafting = "off" if spec is None else (
+        f"{spec.method}, {'adaptive' if spec.adaptive else 'fixed'} up to "
+        f"{spec.num_speculative_tokens} tokens"
+    )  # fmt: skip
+    caching = "on" if engine.prefix_cache is not None else (
+        "off (an EAGLE head needs every position)" if args.enable_prefix_caching else "off"
+    )  # fmt: skip
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
-          f"(chat page at /, API at /v1)", file=sys.stderr, flush=True)  # fmt: skip
+          f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
+          f"{caching}", file=sys.stderr, flush=True)  # fmt: skip
     server.run()
     return 0
 
