@@ -206,7 +206,10 @@ class Engine:
         """Feed the adaptive policy this step's times and each request's acceptance."""
         tokens = sum(len(s.token_ids) + len(s.draft_token_ids) for s in plan.scheduled)
         depth = max((len(s.draft_token_ids) for s in plan.scheduled), default=0)
-        policy.cost.observe(tokens, depth, step_s - draft_s, draft_s)
+        # Prefill tokens cost less than verify rows (shorter attention): only steps of decode
+        # rows and their drafts teach the target curve, which the policy asks about them.
+        decode_only = all(len(s.token_ids) == 1 and s.start > 0 for s in plan.scheduled)
+        policy.cost.observe(tokens if decode_only else None, depth, step_s - draft_s, draft_s)
         for s, accepted in zip(plan.sampling, verdict.num_accepted, strict=True):
             policy.observe_request(s.request.request_id, len(s.draft_token_ids), accepted)
 

@@ -198,15 +198,15 @@ class Scheduler:
         return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
 
     def _plan_drafts(self, budget: int) -> None:
-        """Ask the policy for each running decoding request's k (the step's other new tokens,
-        one per decoding request and the running prefill chunks, are its base cost)."""
+        """Ask the policy for each running decoding request's k, with one token per decoding
+        request as the base cost: prefill chunks cost both choices alike, and leaving them out
+        can only make drafting look less worth it (a conservative error)."""
         self._planned = {}
         if self.policy is None:
             return
         decoding = [r for r in self.running
                     if r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens > 0]
-        base = sum(min(r.num_tokens - r.num_computed_tokens, budget) for r in self.running)
-        ks = self.policy.choose([r.request_id for r in decoding], min(base, budget))
+        ks = self.policy.choose([r.request_id for r in decoding], min(len(decoding), budget))
         self._planned = {id(r): k for r, k in zip(decoding, ks, strict=True)}  # fmt: skip
 
     def _num_drafts(self, request: Request, budget: int) -> int:

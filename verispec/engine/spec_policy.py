@@ -118,9 +118,11 @@ class StepCost:
     """Target forward seconds by token count, timed at start-up."""
     _merged: dict[int, float] = field(default_factory=dict, repr=False)
 
-    def observe(self, tokens: int, depth: int, target_s: float, draft_s: float) -> None:
-        """Fold one step's measured times in."""
-        _update(self.target, tokens, target_s)
+    def observe(self, tokens: int | None, depth: int, target_s: float, draft_s: float) -> None:
+        """Fold one step's measured times in (tokens None: a step whose target time does not
+        count, e.g. one with prefill chunks; its draft time still does)."""
+        if tokens is not None:
+            _update(self.target, tokens, target_s)
         if depth > 0:
             _update(self.draft, depth, draft_s)
         self._merged = {}
