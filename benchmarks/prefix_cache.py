@@ -1,7 +1,8 @@
 """Prefix caching through the server: chat requests that share a long system prompt, sent one
 after another to `verispec serve` with prefix caching off and on; TTFT of each request.
 
-    python benchmarks/prefix_cache.py                   # SmolLM2, ~1,000-token system prompt
+    python benchmarks/prefix_cache.py                   # SmolLM2 + its EAGLE head, as served
+    python benchmarks/prefix_cache.py --method ngram    # prompt lookup instead
     python benchmarks/prefix_cache.py --model embedded-code --method none
 
 Prints the settings, then per server: the first request's TTFT (nothing cached yet), the median
@@ -53,12 +54,15 @@ def ttft(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--method", default="ngram", choices=("ngram", "none"),
-                        help="drafter: prompt lookup (default) or none (an EAGLE head turns "
-                        "prefix caching off)")  # fmt: skip
+    parser.add_argument("--method", default="auto", choices=("auto", "ngram", "none"),
+                        help="drafter: the model's own with adaptive speculation, as `verispec "
+                        "serve` runs it (auto, default; SmolLM2: its EAGLE head, whose "
+                        "own KV blocks are cached beside the target's), prompt lookup, "
+                        "or none")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (16)")
     args = parser.parse_args()
-    spec = {"method": "ngram", "num_speculative_tokens": 4} if args.method == "ngram" else None
+    spec = {"auto": "auto", "none": None,
+            "ngram": {"method": "ngram", "num_speculative_tokens": 4}}[args.method]  # fmt: skip
     rows, answers = {}, {}
     for enabled in (False, True):
         llm = LLM(model=args.model, speculative=spec, enable_prefix_caching=enabled)

@@ -71,7 +71,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=True,
                        help="reuse the KV of prompt prefixes earlier requests computed (exact; "
-                       "on by default; off with an EAGLE head)")  # fmt: skip
+                       "on by default)")  # fmt: skip
 
 
 def _csv(kind: type) -> Any:
@@ -294,9 +294,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"{spec.method}, {'adaptive' if spec.adaptive else 'fixed'} up to "
         f"{spec.num_speculative_tokens} tokens"
     )  # fmt: skip
-    caching = "on" if engine.prefix_cache is not None else (
-        "off (an EAGLE head needs every position)" if args.enable_prefix_caching else "off"
-    )  # fmt: skip
+    caching = "on" if engine.prefix_cache is not None else "off"
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
           f"{caching}", file=sys.stderr, flush=True)  # fmt: skip

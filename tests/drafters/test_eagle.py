@@ -567,11 +567,29 @@ def test_shipped_code_head_keeps_the_greedy_output() -> None:
     assert head.engine.spec_stats.mean_acceptance_length > 2.0
 
 
-def test_prefix_caching_is_off_with_an_eagle_head(trained: Trained, plain: dict) -> None:
-    """The head's own KV needs the target's features of every position, which a prefix cache
-    hit never computes: the engine keeps no prefix cache, and output stays plain's."""
-    prompts = random_prompts(2, seed=7)
-    llm = eagle(trained, 4, enable_prefix_caching=True)
-    assert llm.engine.prefix_cache is None
+@pytest.mark.parametrize("topk", [None, 2], ids=["chain", "tree"])
+def test_prefix_caching_shares_the_heads_blocks_too(
+    trained: Trained, plain: dict, monkeypatch: pytest.MonkeyPatch, topk: int | None
+) -> None:
+    """Prompts sharing a 40-token prefix on a cache small enough to evict: later requests start
+    from cached target and head blocks (the head adopts as many as the target reuses), and
+    output equals plain decoding (greedy) and the same engine without the cache (sampled)."""
+    adopted: list[int] = []
+    adopt = EagleProposer.adopt_prefix
+    monkeypatch.setattr(EagleProposer, "adopt_prefix",
+                        lambda self, rid, ids, n: (adopted.append(n), adopt(self, rid, ids, n)))  # fmt: skip
+    prefix = sum(random_prompts(12, seed=7), [])[:40]
+    prompts = [prefix + tail for tail in random_prompts(2, seed=8)] * 2
+    sampled = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
+    depth = 3 if topk else None
+    options = dict(block_size=4, num_blocks=24, max_model_len=96)
+    llm = eagle(trained, 4, topk, depth, enable_prefix_caching=True, **options)
     ref = plain_generate(plain, trained, prompts, GREEDY)
-    assert_same([llm.generate(p, GREEDY)[0] for p in prompts * 2], ref * 2)
+    assert_same([llm.generate(p, GREEDY)[0] for p in prompts], ref)
+    cache = llm.engine.prefix_cache
+    assert cache is not None and cache.num_hits >= 3 * 36  # at least 9 of 10 prefix blocks, 3 times
+    assert sum(adopted) * 4 == cache.num_hits  # the head started where the target did
+    with_cache = [llm.generate(p, sampled)[0].token_ids for p in prompts]
+    no_cache = eagle(trained, 4, topk, depth, **options)
+    assert with_cache == [no_cache.generate(p, sampled)[0].token_ids for p in prompts]
+    assert llm.engine.allocator.num_used == 0 and llm.engine.proposer.allocator.num_used == 0

@@ -38,6 +38,22 @@ def test_worked_example_of_the_module() -> None:
     assert cache.match([1, 5, 6, 7, 8]) == []  # same block content after another prefix
 
 
+def test_lookahead_keys_hold_the_next_token() -> None:
+    """A drafter's block whose rows read one token further (an EAGLE head) matches only where
+    that token matches too; peek takes nothing, max_blocks caps a match."""
+    allocator = BlockAllocator(8)
+    cache = PrefixCache(allocator, block_size=2, lookahead=1)
+    table = BlockTable(allocator, 2)
+    table.append_slots(5)
+    assert cache.insert(table, [5, 6, 7, 8], 0, 5) == 1  # block 1's key needs token 4
+    assert cache.insert(table, [5, 6, 7, 8, 9], 1, 5) == 2
+    assert cache.peek([5, 6, 7, 8, 3]) == [0] and allocator.refcount(0) == 1
+    assert cache.peek([5, 6, 7, 8, 9, 1]) == [0, 1]
+    assert cache.match([5, 6, 7, 8, 9, 1], max_blocks=1) == [0] and allocator.refcount(0) == 2
+    with pytest.raises(ValueError, match="lookahead"):
+        PrefixCache(allocator, 2, lookahead=2)
+
+
 def test_freed_blocks_stay_readable_until_evicted_least_recent_first() -> None:
     allocator = BlockAllocator(4)
     cache = PrefixCache(allocator, block_size=2)

@@ -18,6 +18,11 @@ since the last one (their features arrive through `observe`), then drafts:
 
 Draft nodes' KV in the head cache is dropped at the next proposal (truncated to the rows
 computed from true features), like the draft model's rollback.
+
+With prefix caching (`enable_prefix_caching`), the head indexes its full blocks of true rows
+in a PrefixCache of its own, keyed one token further than the target's (row r reads token
+r + 1); a target prefix hit is cut to the blocks the head also holds, and the head starts the
+request from them (`adopt_prefix`), so neither recomputes the shared prefix.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from verispec.drafters.proposer import (
     draw_drafts,
     stack_draft_probs,
 )
-from verispec.kv import BlockAllocator, BlockTable
+from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
 from verispec.request import Request
@@ -54,6 +59,8 @@ class _HeadState:
     """Head rows computed from true target features (row r: token r + 1, features of r)."""
     pending: list[torch.Tensor] = field(default_factory=list)
     """Target features [n, F] of positions rows, rows + 1, ... not yet read by the head."""
+    num_indexed: int = 0
+    """Leading blocks of table in the head's prefix cache (prefix_cache.STOP: no more)."""
 
     @property
     def observed(self) -> int:
@@ -98,6 +105,29 @@ class EagleProposer:
         self.kv = head.new_kv_cache(num_blocks, target.block_size)
         self.allocator = BlockAllocator(num_blocks)
         self.states: dict[str, _HeadState] = {}
+        self.prefix_cache: PrefixCache | None = None
+        """The head's own index of full blocks of true rows, once enable_prefix_caching."""
+
+    def enable_prefix_caching(self) -> None:
+        """Index the head's computed blocks so requests sharing a prefix reuse them."""
+        self.prefix_cache = PrefixCache(self.allocator, self.block_size, lookahead=1)
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
+        """Leading full blocks of token_ids whose head rows are cached (taking nothing)."""
+        return 0 if self.prefix_cache is None else len(self.prefix_cache.peek(token_ids))
+
+    def adopt_prefix(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> None:
+        """Start the request's head state from its first num_blocks cached blocks."""
+        if self.prefix_cache is None or num_blocks == 0:
+            return
+        blocks = self.prefix_cache.match(token_ids, num_blocks)
+        if len(blocks) != num_blocks:
+            raise RuntimeError(f"EAGLE head cache holds {len(blocks)} blocks of request "
+                               f"{request_id}'s prefix, not the {num_blocks} promised")  # fmt: skip
+        self.release_id(request_id)
+        table = BlockTable(self.allocator, self.block_size)
+        table.share(blocks)
+        self.states[request_id] = _HeadState(table, rows=table.num_tokens, num_indexed=num_blocks)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -128,7 +158,11 @@ class EagleProposer:
 
     def release(self, request: Request) -> None:
         """Free the head's KV blocks of a finished or preempted request."""
-        state = self.states.pop(request.request_id, None)
+        self.release_id(request.request_id)
+
+    def release_id(self, request_id: str) -> None:
+        """Free the head's KV blocks of the request with this id, if it holds any."""
+        state = self.states.pop(request_id, None)
         if state is not None:
             state.table.free()
 
@@ -178,6 +212,9 @@ class EagleProposer:
             features.append(new)
             s.rows += len(new)
             s.pending = []
+            if self.prefix_cache is not None:
+                s.num_indexed = self.prefix_cache.insert(s.table, r.all_token_ids, s.num_indexed,
+                                                         s.rows)  # fmt: skip
         out, logits = self._forward(chunks, self.head.fuse(torch.cat(features)))
         ends = itertools.accumulate(len(c.token_ids) for c in chunks)
         last = torch.tensor([e - 1 for e in ends], device=out.device)  # [n] each chunk's last row

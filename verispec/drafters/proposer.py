@@ -124,6 +124,7 @@ class FeatureProposer(Proposer, Protocol):
 
     @property
     def reads_every_position(self) -> bool:
-        """True when it must observe every position from 0 (its own KV over them): a request
-        cannot then start from a prefix cache hit, whose positions were never forwarded."""
+        """True when it must observe every position from 0 (its own KV over them): it then
+        keeps a prefix cache of its own (kv.prefix_cache.DrafterPrefix), since a request can
+        start from a target prefix cache hit only where the drafter's rows are cached too."""
         ...

@@ -14,7 +14,7 @@ from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
-from verispec.kv import BlockAllocator, PrefixCache
+from verispec.kv import BlockAllocator, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.hub import DEFAULT_MODEL
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -90,11 +90,18 @@ class Engine:
         """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
         self.prefix_cache: PrefixCache | None = None
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
-        5); none with a drafter that needs the target's features of every position."""
-        if config.enable_prefix_caching and not (
-            self.feature_drafter is not None and self.feature_drafter.reads_every_position
-        ):
+        5); a drafter that reads the target's features of every position (EAGLE) indexes its
+        own blocks beside it, and a hit reuses what both hold."""
+        drafter_prefix = None
+        if config.enable_prefix_caching:
             self.prefix_cache = PrefixCache(self.allocator, block_size)
+            drafter = self.feature_drafter
+            if drafter is not None and drafter.reads_every_position:
+                if not isinstance(drafter, DrafterPrefix):
+                    raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
+                                    "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
+                drafter.enable_prefix_caching()
+                drafter_prefix = drafter
         self.spec_policy: AdaptiveSpeculation | None = None
         """Chooses each step's draft counts when spec.adaptive (engine/spec_policy.py)."""
         if spec is not None and spec.adaptive:
@@ -104,6 +111,7 @@ class Engine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
+            drafter_prefix,
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from verispec.engine.spec_policy import AdaptiveSpeculation
-from verispec.kv import CacheExhaustedError, PrefixCache
+from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats
 from verispec.outputs import TokenLogprobs
 from verispec.request import Request, Status
@@ -65,6 +65,7 @@ class Scheduler:
         num_speculative_tokens: int = 0,
         prefix_cache: PrefixCache | None = None,
         policy: AdaptiveSpeculation | None = None,
+        drafter_prefix: DrafterPrefix | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -72,6 +73,9 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         """When set, a request starting from scratch reuses the cached KV of its prompt's
         longest computed prefix, and computed full blocks are indexed after each step."""
+        self.drafter_prefix = drafter_prefix
+        """A drafter with a prefix cache of its own (an EAGLE head): a hit is cut to the blocks
+        it holds too, and it adopts them when the request is scheduled."""
         self.policy = policy
         """When set, it chooses each decoding request's k every step (up to
         num_speculative_tokens); else every decoding request gets num_speculative_tokens."""
@@ -169,7 +173,10 @@ class Scheduler:
         cache = self.prefix_cache
         if cache is None or request.num_computed_tokens or request.block_table.blocks:
             return False
-        blocks = cache.match(request.all_token_ids)
+        limit = None
+        if self.drafter_prefix is not None:
+            limit = self.drafter_prefix.cached_prefix_blocks(request.all_token_ids)
+        blocks = cache.match(request.all_token_ids, limit)
         request.block_table.share(blocks)
         request.num_indexed_blocks = len(blocks)
         request.num_computed_tokens = request.block_table.num_tokens
@@ -193,6 +200,9 @@ class Scheduler:
             return None
         if looked_up and self.prefix_cache is not None:
             self.prefix_cache.record(request.num_tokens, request.num_computed_tokens)
+            if self.drafter_prefix is not None:
+                self.drafter_prefix.adopt_prefix(request.request_id, request.all_token_ids,
+                                                 request.num_indexed_blocks)  # fmt: skip
         start = request.num_computed_tokens
         ids = request.all_token_ids[start : start + num_new]
         return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
@@ -200,19 +210,25 @@ class Scheduler:
     def _plan_drafts(self, budget: int) -> None:
         """Ask the policy for each running decoding request's k, with one token per decoding
         request as the base cost: prefill chunks cost both choices alike, and leaving them out
-        can only make drafting look less worth it (a conservative error)."""
+        can only make drafting look less worth it (a conservative error). Requests with
+        speculation off (SamplingParams.speculative) count in the base and are not asked about."""
         self._planned = {}
         if self.policy is None:
             return
         decoding = [r for r in self.running
                     if r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens > 0]
-        ks = self.policy.choose([r.request_id for r in decoding], min(len(decoding), budget))
-        self._planned = {id(r): k for r, k in zip(decoding, ks, strict=True)}  # fmt: skip
+        drafting = [r for r in decoding if r.params.speculative]
+        ks = self.policy.choose([r.request_id for r in drafting], min(len(decoding), budget))
+        self._planned = {id(r): k for r, k in zip(drafting, ks, strict=True)}  # fmt: skip
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """k for a decoding request (the policy's choice, else num_speculative_tokens), shrunk
         so drafts fit the token budget, the context limit (the last draft's position stays
-        below max_model_len) and max_tokens (k + 1 emitted)."""
+        below max_model_len) and max_tokens (k + 1 emitted); 0 for a request that turned
+        speculation off (SamplingParams.speculative: plain decoding, the reference of
+        `verispec verify`)."""
+        if not request.params.speculative:
+            return 0
         left = request.params.max_tokens - len(request.output_token_ids)
         limit = min(budget, request.max_model_len - request.num_tokens, left - 1)
         k = self._planned.get(id(request), self.num_speculative_tokens)

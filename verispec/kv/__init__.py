@@ -2,6 +2,6 @@
 
 from verispec.kv.block_allocator import BlockAllocator, CacheExhaustedError
 from verispec.kv.block_table import BlockTable
-from verispec.kv.prefix_cache import PrefixCache
+from verispec.kv.prefix_cache import DrafterPrefix, PrefixCache
 
-__all__ = ["BlockAllocator", "BlockTable", "CacheExhaustedError", "PrefixCache"]
+__all__ = ["BlockAllocator", "BlockTable", "CacheExhaustedError", "DrafterPrefix", "PrefixCache"]

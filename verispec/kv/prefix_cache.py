@@ -13,17 +13,22 @@ Worked example, block_size=2: request A computes [5, 6, 7, 8, 9]; its blocks 0 (
 ([7, 8]) are indexed as (-1, (5, 6)) -> 0 and (0, (7, 8)) -> 1. Request B with prompt
 [5, 6, 7, 8, 3] matches both (at most (5 - 1) // 2 = 2 blocks: its last token must still be
 computed to give logits) and starts at position 4.
+
+A drafter's cache whose block content depends on tokens past the block (an EAGLE head's row r
+reads token r + 1) keys each block with `lookahead` more tokens: with lookahead=1 above, A's
+head block 0 is keyed (-1, (5, 6, 7)); B matches it too, as its token 2 is also 7.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from verispec.kv.block_allocator import BlockAllocator
 from verispec.kv.block_table import BlockTable
 
-__all__ = ["STOP", "PrefixCache"]
+__all__ = ["STOP", "DrafterPrefix", "PrefixCache"]
 
 Key = tuple[int, tuple[int, ...]]
 STOP = -1
@@ -33,9 +38,13 @@ STOP = -1
 class PrefixCache:
     """The index of one KV cache's full blocks, and its hit counters (in tokens)."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+    def __init__(self, allocator: BlockAllocator, block_size: int, lookahead: int = 0) -> None:
+        if lookahead not in (0, 1):
+            raise ValueError(f"lookahead must be 0 or 1, got {lookahead!r}")
         self.allocator = allocator
         self.block_size = block_size
+        self.lookahead = lookahead
+        """Tokens after a block that its content depends on, and its key holds."""
         allocator.on_evict = self._forget
         self._blocks: dict[Key, int] = {}
         self._key_of: dict[int, Key] = {}
@@ -48,20 +57,27 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def match(self, token_ids: Sequence[int]) -> list[int]:
-        """The cached blocks holding token_ids' longest indexed prefix of full blocks, leaving
-        at least the last token to compute; each gets an owner (the caller's table)."""
-        size = self.block_size
+    def match(self, token_ids: Sequence[int], max_blocks: int | None = None) -> list[int]:
+        """The cached blocks holding token_ids' longest indexed prefix of full blocks (at most
+        max_blocks), leaving at least the last token to compute; each gets an owner (the
+        caller's table)."""
+        blocks = self.peek(token_ids, max_blocks)
+        for block in blocks:
+            self.allocator.revive(block)
+        return blocks
+
+    def peek(self, token_ids: Sequence[int], max_blocks: int | None = None) -> list[int]:
+        """The blocks match would return, without taking them."""
+        size, extra = self.block_size, self.lookahead
         blocks: list[int] = []
         parent = -1
-        for i in range((len(token_ids) - 1) // size):
-            block = self._blocks.get((parent, tuple(token_ids[i * size : (i + 1) * size])))
+        num = (len(token_ids) - 1) // size
+        for i in range(num if max_blocks is None else min(num, max_blocks)):
+            block = self._blocks.get((parent, tuple(token_ids[i * size : (i + 1) * size + extra])))
             if block is None:
                 break
             blocks.append(block)
             parent = block
-        for block in blocks:
-            self.allocator.revive(block)
         return blocks
 
     def record(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -79,12 +95,12 @@ class PrefixCache:
         indexed block's parent is owned by whoever owns the block and cannot be evicted first."""
         if num_indexed == STOP:
             return STOP
-        size = self.block_size
-        full = min(num_computed // size, len(table.blocks))
+        size, extra = self.block_size, self.lookahead
+        full = min(num_computed // size, len(table.blocks), (len(token_ids) - extra) // size)
         parent = table.blocks[num_indexed - 1] if num_indexed else -1
         for i in range(num_indexed, full):
             block = table.blocks[i]
-            key = (parent, tuple(token_ids[i * size : (i + 1) * size]))
+            key = (parent, tuple(token_ids[i * size : (i + 1) * size + extra]))
             if key in self._blocks:
                 return STOP
             self._blocks[key] = block
@@ -103,3 +119,23 @@ class PrefixCache:
         for child in self._children.pop(block, set()):  # unowned too: an owner would own block
             self._forget(child)
             self.allocator.uncache(child)
+
+
+@runtime_checkable
+class DrafterPrefix(Protocol):
+    """A drafter whose own KV cache covers every position (an EAGLE head) and keeps a prefix
+    cache of its own: a target prefix hit reuses only as many blocks as the drafter also has,
+    so the drafter starts where the target starts."""
+
+    def enable_prefix_caching(self) -> None:
+        """Start indexing the drafter's computed blocks."""
+        ...
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
+        """Leading full blocks of token_ids the drafter's cache holds (taking nothing)."""
+        ...
+
+    def adopt_prefix(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> None:
+        """Start the request's drafter state with its first num_blocks cached blocks (at most
+        cached_prefix_blocks, asked within the same scheduling pass)."""
+        ...
