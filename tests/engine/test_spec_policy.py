@@ -72,9 +72,26 @@ def test_a_tree_is_all_or_nothing_and_exploration_keeps_estimates_fresh() -> Non
     cost = StepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={15: 0.2})
     policy = AdaptiveSpeculation(15, tree=True, cost=cost)
     assert policy.depths == [0, 15]
-    choices = [policy.choose(["t"], 1) for _ in range(64)]
-    assert choices[:63] == [[0]] * 63  # drafting costs 0.2 s for at most 15 tokens: off
-    assert choices[63] == [15]  # ... but every 64th step drafts, to measure again
+    choices = [policy.choose(["t"], 1) for _ in range(32)]
+    assert choices[:15] == [[0]] * 15  # drafting costs 0.2 s for at most 15 tokens: off
+    assert choices[15] == [15] and choices[31] == [15]  # ... but every 16th step drafts
+    assert choices[16:31] == [[0]] * 15  # to measure again (one request: exploring is cheap)
+    busy = [f"r{i}" for i in range(8)]
+    assert sum(any(policy.choose(busy, 8)) for _ in range(128)) == 2  # 8 requests: every 64th
+
+
+def test_the_cost_model_takes_the_median_of_recent_steps() -> None:
+    """One step slowed by something else on the machine does not move the estimate."""
+    cost = StepCost(profile={1: 0.01, 16: 0.02})
+    for t in (0.010, 0.011, 0.5, 0.012, 0.010):
+        cost.observe(1, 0, t, 0.0)
+    assert cost.target[1] == pytest.approx(0.011)
+    assert cost.curve()[16] == pytest.approx(0.022)  # the profile, scaled to the steps
+    cost.observe(16, 0, 0.9, 0.0)  # one slow step at a rare token count: not trusted yet
+    assert cost.curve()[16] == pytest.approx(0.023)  # the median ratio moved one place
+    for t in (0.03, 0.03):
+        cost.observe(16, 0, t, 0.0)
+    assert cost.curve()[16] == pytest.approx(0.03)  # three steps: their median
 
 
 @pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])

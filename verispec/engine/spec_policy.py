@@ -9,8 +9,9 @@ speculation down and off by itself (docs/design.md, 10).
 
 - **Cost**: step seconds = target(new tokens in the forward) + draft(depth drafted). Target
   time is profiled at start-up (forwards of 1, 2, 4, ... tokens) and then learned online per
-  token count (exponential moving average, linear interpolation between measured counts);
-  draft time per depth is learned online (0 until measured: optimistic, so it gets measured).
+  token count (median of the last WINDOW steps, robust to a step slowed by something else on
+  the machine; linear interpolation between measured counts); draft time per depth is learned
+  likewise (0 until measured: optimistic, so it gets measured).
 - **Gain**: a chain request drafting d tokens with per-token acceptance a (geometric model)
   expects a (1 - a^d) / (1 - a) accepted drafts; a is its own accepted / (accepted +
   rejections) shrunk towards the engine-wide value (a prior worth PRIOR_WEIGHT verify steps).
@@ -18,22 +19,39 @@ speculation down and off by itself (docs/design.md, 10).
   drafts per verify step (shrunk likewise).
 - **Choice** (choose_num_drafts): the best common depth, then each request whose drafts add
   fewer tokens than their share of the step's extra time would have produced drops to 0.
-  When the choice is no drafts at all, every EXPLORE_EVERY-th step drafts anyway, so the
-  acceptance estimates and draft costs stay current (at most 1/EXPLORE_EVERY of the steps).
+  When the choice is no drafts at all, a step drafts anyway once in explore_interval(n) such
+  steps (n decoding requests: every 16th step for one request, every 64th from 4 on, as
+  exploring costs more the more requests draft), so the estimates and costs stay current.
 """
 
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 4.0
 """Verify steps' worth of weight the engine-wide acceptance has in a request's estimate."""
 EXPLORE_EVERY = 64
-"""A step that would draft nothing drafts anyway once in this many steps."""
-SMOOTHING = 0.2
-"""Weight of a new measurement in the moving averages of the cost model."""
+"""At most this many steps that would draft nothing pass before one drafts anyway."""
+EXPLORE_PER_REQUEST = 16
+"""... and at most this many per decoding request (one request explores every 16th step)."""
+WINDOW = 9
+"""Recent measurements per token count (or depth) whose median is the cost model's estimate."""
+MIN_STEPS = 3
+"""Measured steps a token count needs before its own estimate replaces the scaled profile."""
+
+
+def explore_interval(num_requests: int) -> int:
+    """Idle steps between exploring ones: exploring is cheap for a few requests, so they
+    explore often, and costly for many.
+
+    >>> [explore_interval(n) for n in (1, 2, 4, 32)]
+    [16, 32, 64, 64]
+    """
+    return max(1, min(EXPLORE_EVERY, EXPLORE_PER_REQUEST * num_requests))
 MARGIN = 0.03
 """Drafts must promise this much more throughput than none: speculation has costs the model
 leaves out (tree building, verification of more rows), so a near tie goes to no drafts."""
@@ -106,8 +124,9 @@ class StepCost:
     """Seconds of an engine step, by new tokens in the target forward and by draft depth.
 
     The start-up profile (one short sequence) is cheaper than serving steps (many sequences,
-    long contexts), so once steps are measured, profile points stand in only where no step was
-    measured, scaled by how much slower the measured steps were than the profile predicted.
+    long contexts), so once steps are measured, profile points stand in where fewer than
+    MIN_STEPS steps were measured, scaled by the median measured / profiled ratio of the
+    recent steps.
     """
 
     target: dict[int, float] = field(default_factory=dict)
@@ -117,15 +136,25 @@ class StepCost:
     profile: dict[int, float] = field(default_factory=dict)
     """Target forward seconds by token count, timed at start-up."""
     _merged: dict[int, float] = field(default_factory=dict, repr=False)
+    _recent: dict[tuple[str, int], deque[float]] = field(default_factory=dict, repr=False)
+    _ratios: deque[float] = field(default_factory=lambda: deque(maxlen=4 * WINDOW), repr=False)
 
     def observe(self, tokens: int | None, depth: int, target_s: float, draft_s: float) -> None:
         """Fold one step's measured times in (tokens None: a step whose target time does not
         count, e.g. one with prefill chunks; its draft time still does)."""
         if tokens is not None:
-            _update(self.target, tokens, target_s)
+            self._update(self.target, "target", tokens, target_s)
+            if self.profile:
+                self._ratios.append(target_s / _interpolate(self.profile, tokens))
         if depth > 0:
-            _update(self.draft, depth, draft_s)
+            self._update(self.draft, "draft", depth, draft_s)
         self._merged = {}
+
+    def _update(self, table: dict[int, float], name: str, key: int, value: float) -> None:
+        """table[key]: the median of key's last WINDOW measurements."""
+        recent = self._recent.setdefault((name, key), deque(maxlen=WINDOW))
+        recent.append(value)
+        table[key] = statistics.median(recent)
 
     def seconds(self, tokens: int, depth: int) -> float:
         """Predicted step seconds."""
@@ -140,19 +169,22 @@ class StepCost:
         {8: 0.3, 4: 0.2}
         """
         if not self._merged:
-            if self.target and self.profile:
-                ratios = [t / _interpolate(self.profile, k) for k, t in self.target.items()]
+            trusted = {k: t for k, t in self.target.items() if self._trusted(k)}
+            scale = 1.0
+            if self._ratios:  # measured / profiled, per recent step: robust to rare T's noise
+                scale = statistics.median(self._ratios)
+            elif trusted and self.profile:
+                ratios = [t / _interpolate(self.profile, k) for k, t in trusted.items()]
                 scale = sum(ratios) / len(ratios)
-            else:
-                scale = 1.0
-            scaled = {k: v * scale for k, v in self.profile.items() if k not in self.target}
-            self._merged = {**scaled, **self.target}
+            scaled = {k: v * scale for k, v in self.profile.items() if k not in trusted}
+            self._merged = {**scaled, **trusted} or dict(self.target)
         return self._merged
 
-
-def _update(table: dict[int, float], key: int, value: float) -> None:
-    old = table.get(key)
-    table[key] = value if old is None else (1 - SMOOTHING) * old + SMOOTHING * value
+    def _trusted(self, tokens: int) -> bool:
+        """Whether the measured estimate at this token count rests on enough steps (or was
+        given, not measured)."""
+        recent = self._recent.get(("target", tokens))
+        return recent is None or len(recent) >= MIN_STEPS
 
 
 def _interpolate(table: dict[int, float], x: int) -> float:
@@ -201,7 +233,8 @@ class AdaptiveSpeculation:
         ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds, MARGIN)
         if request_ids and not any(ks):
             self._idle_steps += 1
-            if self._idle_steps % EXPLORE_EVERY == 0:
+            if self._idle_steps >= explore_interval(len(request_ids)):
+                self._idle_steps = 0
                 ks = [self.depths[1]] * len(request_ids)
         self.last_choice = ks
         return ks
