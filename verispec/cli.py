@@ -1,4 +1,5 @@
-"""Command line: `verispec generate|chat|pull|bench|train ...`; bad input exits 2 with one line."""
+"""Command line: `verispec generate|chat|pull|bench|train|serve|verify ...`; bad input exits 2
+with one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from verispec.bench.harness import ENGINES
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
+from verispec.cli_verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
 from verispec.models.hub import model_names, pull
 
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(sub)
     _add_train_parser(sub)
     _add_bench_parser(sub)
+    add_verify_parser(sub)
     return parser
 
 
@@ -103,7 +106,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--draft", default=None,
                        help="draft checkpoint or model name (embedded-code-draft)")  # fmt: skip
     bench.add_argument("--workloads", type=_csv(str), default=None,
-                       help="code,edit,free,chat (chat: for chat models)")  # fmt: skip
+                       help="code,edit,free,chat,agentic (chat, agentic: for chat "
+                       "models)")  # fmt: skip
     bench.add_argument("--methods", type=_csv(str), default=None,
                        help=f"methods ({','.join((PLAIN, *method_names()))}; default: those "
                        "that need no head, and eagle/medusa given --eagle/--medusa)")  # fmt: skip
@@ -188,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {
             "train": _train, "bench": _bench, "generate": _generate, "chat": _chat, "pull": _pull,
-            "serve": _serve,
+            "serve": _serve, "verify": run_verify,
         }  # fmt: skip
         return commands[args.command](args)
     except ValueError as e:

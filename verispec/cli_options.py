@@ -61,6 +61,11 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
     spec.add_argument("--prompt-lookup-tokens", type=int, default=None, metavar="N",
                       help="eagle trees: graft a prompt-lookup chain of up to N of the --k "
                       "nodes")  # fmt: skip
+    spec.add_argument("--self-skip-layers", type=_int_list, default=None, metavar="I,J",
+                      help="self: the layers its draft skips, e.g. 3,17 (default: chosen with k "
+                      "by a calibration at load)")  # fmt: skip
+    spec.add_argument("--self-calibration", default=None, metavar="PATH",
+                      help="self: a calibration file, read if it exists, else written")  # fmt: skip
     spec.add_argument(
         "--draft-quantization",
         choices=QUANTIZATIONS,
@@ -83,6 +88,8 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--tree-topk", "tree_topk"),
     ("--tree-depth", "tree_depth"),
     ("--prompt-lookup-tokens", "prompt_lookup_tokens"),
+    ("--self-skip-layers", "self_skip_layers"),
+    ("--self-calibration", "self_calibration"),
 )
 
 
@@ -146,6 +153,15 @@ def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
         example = '{"model": "draft/", "num_speculative_tokens": 4}'
         raise ValueError(f"--speculative-config must be a JSON object, e.g. '{example}', or null")
     return cast(SpecConfig | None, spec_config_from(value))
+
+
+def _int_list(text: str) -> list[int]:
+    """argparse type of a comma-separated list of integers: '3,17' -> [3, 17]."""
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, e.g. 3,17; "
+                                         f"got {text!r}") from None  # fmt: skip
 
 
 def _attr(flag: str) -> str:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD, method
+from verispec.drafters.self_draft import check_skip_option
+from verispec.drafters.suffix import SuffixConfig
 from verispec.models.compiled import check_compile
 from verispec.models.default import shipped_head
 from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
@@ -141,17 +143,39 @@ class SpecConfig:
     (a tree: none or all of it), from a measured cost model of this engine and each request's
     acceptance, so speculation turns itself off under load (engine/spec_policy.py);
     False = always num_speculative_tokens. speculative="auto" turns it on."""
+    suffix_decoding_max_tree_depth: int | None = None
+    """suffix: longest run of tokens its tries count, the matched suffix and the drafted path
+    below it together (default 24)."""
+    suffix_decoding_max_spec_factor: float | None = None
+    """suffix: a tree has at most this many times the matched suffix's length in nodes, and
+    at most num_speculative_tokens (default 1.0)."""
+    suffix_decoding_min_token_prob: float | None = None
+    """suffix: smallest empirical probability (from the tries' counts) of a drafted node's
+    path (default 0.1)."""
+    suffix_decoding_max_cached_requests: int | None = None
+    """suffix: finished requests whose outputs it drafts from, oldest evicted (default 10000;
+    0 = only the request's own tokens)."""
+    self_skip_layers: tuple[int, ...] | None = None
+    """self: the target's decoder layers (0-based) its draft leaves out; None = chosen, with k
+    (at most num_speculative_tokens), by a calibration on a few prompts at load."""
+    self_calibration: str | None = None
+    """self: a JSON file holding a calibration's skip set and k: read when it exists, else
+    written after calibrating, so only the first run calibrates (SkipChoice.save writes one
+    from your own prompts: drafters/skip_search.py)."""
 
     def __post_init__(self) -> None:
         traits = method(self.method)  # ValueError listing the methods for an unknown name
+        self._check_self_draft(traits.drafts_with_own_layers)
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
         check_quantization(self.quantization, "speculative quantization")
-        self._check_tree(traits.takes_tree)
+        self._check_tree(traits.takes_tree, traits.own_tree)
         k = self.num_speculative_tokens
-        limit = MAX_TREE_NODES if (self.tree_topk or 1) > 1 else MAX_SPECULATIVE_TOKENS
+        tree = (self.tree_topk or 1) > 1 or traits.own_tree
+        limit = MAX_TREE_NODES if tree else MAX_SPECULATIVE_TOKENS
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
-            trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if traits.takes_tree else ""
+            drafts_trees = traits.takes_tree or traits.own_tree
+            trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if drafts_trees else ""
             raise ValueError(
                 f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]"
                 f"{trees}, got {k!r}"
@@ -161,7 +185,9 @@ class SpecConfig:
                              "id; for a head method, the head's directory)")  # fmt: skip
         grafting = self._check_grafting(traits.grafts_lookup)
         looks_up = traits.takes_prompt_lookup or grafting
-        self._refuse_unused(traits.takes_model, looks_up)
+        self._refuse_unused(traits.takes_model, looks_up, traits.takes_suffix)
+        if traits.takes_suffix:
+            self._fill_suffix()
         if looks_up:
             lo = 2 if self.prompt_lookup_min is None else self.prompt_lookup_min
             hi = 4 if self.prompt_lookup_max is None else self.prompt_lookup_max
@@ -172,12 +198,13 @@ class SpecConfig:
                 )
             self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
 
-    def _check_tree(self, takes_tree: bool) -> None:
-        """Tree options: integers >= 1, only for methods that draft trees."""
+    def _check_tree(self, takes_tree: bool, own_tree: bool) -> None:
+        """Tree options: integers >= 1, only for methods that draft trees of that shape."""
         given = [f for f in ("tree_topk", "tree_depth") if getattr(self, f) is not None]
         if given and not takes_tree:
+            shape = "trees of its own shape" if own_tree else "chains only"
             raise ValueError(
-                f"method {self.method!r} drafts chains only and does not use {', '.join(given)}"
+                f"method {self.method!r} drafts {shape} and does not use {', '.join(given)}"
             )
         for name in given:
             value = getattr(self, name)
@@ -209,9 +236,50 @@ class SpecConfig:
             )
         return True
 
-    def _refuse_unused(self, takes_model: bool, takes_prompt_lookup: bool) -> None:
+    def _fill_suffix(self) -> None:
+        """suffix_decoding_* options: the defaults filled in, and checked (SuffixConfig)."""
+        defaults = SuffixConfig()
+        for name in SuffixConfig.__dataclass_fields__:
+            if getattr(self, f"suffix_decoding_{name}") is None:
+                setattr(self, f"suffix_decoding_{name}", getattr(defaults, name))
+        try:
+            self.suffix_config()
+        except ValueError as e:
+            raise ValueError(f"suffix_decoding_{e}") from None
+
+    def suffix_config(self) -> SuffixConfig:
+        """The suffix_decoding_* options as the suffix drafter's SuffixConfig."""
+        return SuffixConfig(**{name: getattr(self, f"suffix_decoding_{name}")
+                               for name in SuffixConfig.__dataclass_fields__})  # fmt: skip
+
+    def _check_self_draft(self, drafts_with_own_layers: bool) -> None:
+        """self_skip_layers (distinct indices >= 0, sorted) or self_calibration (a path), not
+        both; only for the method that skips layers, refused for any other."""
+        fields = ("self_skip_layers", "self_calibration")
+        given = [f for f in fields if getattr(self, f) is not None]
+        if given and not drafts_with_own_layers:
+            raise ValueError(
+                f"method {self.method!r} does not use {', '.join(given)}; drop "
+                f"{'it' if len(given) == 1 else 'them'} or choose a method that does"
+            )
+        if len(given) == 2:
+            raise ValueError("give self_skip_layers or self_calibration, not both: a calibration "
+                             "file holds its own skip set")  # fmt: skip
+        self.self_skip_layers = check_skip_option(self.self_skip_layers)
+        if self.self_calibration is not None and (
+            not isinstance(self.self_calibration, str) or not self.self_calibration
+        ):
+            raise ValueError(f"self_calibration must be a file path (a string), got "
+                             f"{self.self_calibration!r}")  # fmt: skip
+
+    def _refuse_unused(
+        self, takes_model: bool, takes_prompt_lookup: bool, takes_suffix: bool
+    ) -> None:
         """Options the method would ignore are errors, never silently dropped."""
         unused = []
+        if not takes_suffix:
+            unused += [f"suffix_decoding_{name}" for name in SuffixConfig.__dataclass_fields__
+                       if getattr(self, f"suffix_decoding_{name}") is not None]  # fmt: skip
         if not takes_model:
             unused += [f for f in ("model", "quantization") if getattr(self, f) is not None]
         if not takes_prompt_lookup:

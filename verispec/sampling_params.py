@@ -89,6 +89,10 @@ class SamplingParams:
     """Return each output token's log-probability under the target (its log-softmax over the
     raw logits, before temperature and truncation, as vLLM's default), with this many most
     likely alternatives (0: the chosen token only); None = none."""
+    speculative: bool = True
+    """Let this request verify drafts when the engine speculates; False decodes it plainly (0
+    drafts every step, whatever the engine's k or adaptive policy would give): the reference
+    `verispec verify` compares speculative output with. verispec's extension (not vLLM's)."""
 
     def __post_init__(self) -> None:
         """Validate every field and normalise top_k, stop and stop_token_ids."""
@@ -124,6 +128,7 @@ class SamplingParams:
         self.stop_token_ids = _normalise_stop_token_ids(self.stop_token_ids)
         _check_bool("ignore_eos", self.ignore_eos)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        _check_bool("speculative", self.speculative)
         if self.logprobs is not None and _check_int("logprobs", self.logprobs) < 0:
             raise ValueError(
                 f"logprobs must be None or an int >= 0 (alternatives per token), got "

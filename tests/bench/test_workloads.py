@@ -52,6 +52,24 @@ def test_chat_workload_file() -> None:
         build_workload(workload, [])
 
 
+def test_agentic_workload_file() -> None:
+    """Four agents (one system prompt each) with eight conversations each, a third of them
+    quoting an earlier assistant turn: later outputs repeat earlier ones' structure."""
+    workload = WORKLOADS["agentic"]
+    prompts = workload.prompts()
+    assert workload.chat and len(prompts) == workload.num_prompts == 32
+    assert len({p.id for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert isinstance(p, ChatPrompt) and p.messages[0]["role"] == "system"
+        assert p.messages[-1]["role"] in ("user", "tool")
+        assert all(m["role"] in ROLES and m["content"].strip() for m in p.messages)
+    systems = [p.messages[0]["content"] for p in prompts if isinstance(p, ChatPrompt)]
+    assert sorted(systems.count(s) for s in set(systems)) == [8, 8, 8, 8]
+    quoting = [p for p in prompts if isinstance(p, ChatPrompt)
+               if any(m["role"] == "assistant" for m in p.messages)]  # fmt: skip
+    assert len(quoting) >= 12
+
+
 def test_parse_row_checks_roles() -> None:
     assert parse_row({"id": "a", "prompt": "x = 1"}) == Prompt("a", "x = 1")
     chat = parse_row({"id": "b", "messages": [{"role": "user", "content": "Hi"}]})

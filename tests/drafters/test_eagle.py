@@ -576,9 +576,13 @@ def test_prefix_caching_shares_the_heads_blocks_too(
     output equals plain decoding (greedy) and the same engine without the cache (sampled)."""
     adopted: list[int] = []
     adopt = EagleProposer.adopt_prefix
-    monkeypatch.setattr(EagleProposer, "adopt_prefix",
-                        lambda self, rid, ids, n: (adopted.append(n), adopt(self, rid, ids, n)))  # fmt: skip
-    prefix = sum(random_prompts(12, seed=7), [])[:40]
+
+    def counting(self: EagleProposer, request_id: str, ids: list[int], n: int) -> None:
+        adopted.append(n)
+        adopt(self, request_id, ids, n)
+
+    monkeypatch.setattr(EagleProposer, "adopt_prefix", counting)
+    prefix = [t for p in random_prompts(12, seed=7) for t in p][:40]
     prompts = [prefix + tail for tail in random_prompts(2, seed=8)] * 2
     sampled = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
     depth = 3 if topk else None

@@ -22,7 +22,7 @@ from verispec.outputs import RequestOutput
 from verispec.request import Request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-METHODS = ("draft_model", "ngram")
+METHODS = ("draft_model", "ngram", "suffix")
 VOCAB = 320
 
 
@@ -53,6 +53,8 @@ PROMPTS: list[str | list[int]] = [*random_prompts(5, seed=0), *repeating_prompts
 def spec_config(method: str, k: int, draft: Path) -> SpecConfig:
     if method == "draft_model":
         return SpecConfig(method=method, model=str(draft), num_speculative_tokens=k)
+    if method == "suffix":
+        return SpecConfig(method=method, num_speculative_tokens=k)
     return SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=1)
 
 
@@ -276,6 +278,8 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
     assert llm.engine.allocator.num_free == 12  # every block came back
     if method == "draft_model":
         assert llm.engine.proposer.allocator.num_used == 0 and not llm.engine.proposer.states
+    if method == "suffix":  # preempted requests' tries were dropped, finished ones' too
+        assert not llm.engine.proposer.requests
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,11 @@ requests generate; the joint counts of their first 3 tokens (12^3 cells) are com
 exact joint p(t1) p(t2 | t1) p(t3 | t1, t2), computed from transformers' logits of every prefix
 passed through verispec's `warp` with the same SamplingParams.
 
-The statistics (tests/drafters/stats.py) and their thresholds:
+The statistics (verispec/verify/fit.py, shared with `verispec verify`) and their thresholds:
 - Pearson chi-square over cells pooled to expected counts >= 5; an exact sampler fails with
   probability ALPHA = 1e-3 per case.
 - total variation over all cells <= a bound of order sqrt(cells / N) that an exact sampler
-  exceeds with probability <= 1e-6 (derived in stats.tv_bound).
+  exceeds with probability <= 1e-6 (derived in fit.tv_bound).
 - no sample at all in a cell of probability 0 (a token that top-k / top-p removed).
 Seeds are fixed, so each run is deterministic; the probabilities say why they were chosen.
 
@@ -39,11 +39,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import family_config
-from stats import Fit, chi2_sf, fit, gamma_q
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel
@@ -59,6 +59,7 @@ from verispec.train.distill import (
 from verispec.train.eagle import TrainableEagle
 from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
 from verispec.train.trainer import TrainConfig, train
+from verispec.verify.fit import Fit, chi2_sf, fit, gamma_q
 
 VOCAB = 12
 TOKENS = 3  # the first TOKENS generated tokens form one cell
@@ -250,6 +251,41 @@ def test_ngram_sampling_matches_the_target(
     assert run.fit.ok(ALPHA), run.fit
     assert run.draft_tokens >= N * (max_tokens - 2) // 2  # lookups hit for most requests
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
+
+
+SUFFIX = SpecConfig(
+    method="suffix", num_speculative_tokens=2, suffix_decoding_max_spec_factor=2.0,
+    suffix_decoding_min_token_prob=0.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k", "max_tokens"), CASES)
+def test_suffix_sampling_matches_the_target(
+    checkpoints: tuple[Path, Path, PreTrainedModel],
+    ngram_prompt: list[int],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_tokens: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Suffix decoding's trees from the prompt's counts (two siblings where a token had two
+    continuations) go through the tree verifier: the output still follows the target."""
+    widths: Counter[int] = Counter()  # first-level nodes per drafted tree
+    propose = SuffixProposer.propose
+
+    def spy(self: SuffixProposer, requests: list, num_tokens: list[int]) -> object:
+        drafts = propose(self, requests, num_tokens)
+        widths.update(len(t.children(-1)) for t in drafts.trees or [] if t.num_nodes)
+        return drafts
+
+    monkeypatch.setattr(SuffixProposer, "propose", spy)
+    run = measure(checkpoints, ngram_prompt, params_of(temperature, top_p, top_k, max_tokens),
+                  SUFFIX)  # fmt: skip
+    assert run.fit.ok(ALPHA), run.fit
+    assert run.draft_tokens >= N * (max_tokens - 2) // 2
+    assert widths[1] > 0 and (max_tokens < 4 or widths[2] > 0), widths
+    assert run.acceptance is not None and 0.1 <= run.acceptance <= 0.9
 
 
 def _no_residual(

@@ -147,17 +147,24 @@ def test_output_with_the_cache_equals_output_without(spec_pair, method: str) -> 
         if enabled:
             cache = llm.engine.prefix_cache
             assert cache is not None and cache.num_hits > 0.5 * cache.num_queries
+            if method == "draft_model":  # the draft model's own cache is shared too
+                own = llm.engine.proposer.prefix_cache
+                assert own is not None and own.num_hits > 0.5 * own.num_queries
+                assert llm.engine.proposer.allocator.num_used == 0
         assert llm.engine.allocator.num_used == 0
     assert results[0] == results[1]
 
 
-def test_eviction_under_pressure_keeps_outputs(spec_pair) -> None:
-    """A cache too small to keep everything: blocks are evicted and reused, output unchanged."""
-    target, _ = spec_pair
+@pytest.mark.parametrize("drafter", [False, True], ids=["plain", "draft_model"])
+def test_eviction_under_pressure_keeps_outputs(spec_pair, drafter: bool) -> None:
+    """A cache too small to keep everything: blocks are evicted and reused (the draft model's
+    own cache too), output unchanged."""
+    target, draft = spec_pair
+    spec = {"model": str(draft), "num_speculative_tokens": 3} if drafter else None
     params = SamplingParams(temperature=0, max_tokens=10)
     prompts = [f"def f{i}(x):\n    return x * {i} " * 4 for i in range(6)] * 2
     plain = LLM(model=str(target), batch_invariant=True, speculative=None)
-    small = LLM(model=str(target), batch_invariant=True, speculative=None, block_size=4,
+    small = LLM(model=str(target), batch_invariant=True, speculative=spec, block_size=4,
                 num_blocks=64, max_model_len=256, enable_prefix_caching=True)  # fmt: skip
     want = [o.token_ids for o in plain.generate(prompts, params)]
     assert [o.token_ids for o in small.generate(prompts, params)] == want

@@ -1,7 +1,7 @@
 """Draft trees and verify_tree, no model: tree structure (masks, positions, paths, histories),
 the greedy rule against a brute-force longest matching path, chains against rejection.verify,
 and exactness of tree sampling on a fake target whose rows depend on their path: the joint law
-of the first 2 and 3 emitted tokens must match the exact one (tests/drafters/stats.py), while a
+of the first 2 and 3 emitted tokens must match the exact one (verispec/verify/fit.py), while a
 verifier that forgets to remove rejected siblings must fail the same check."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from drafters.stats import Fit, fit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from verispec.sample import SamplingTensors, sample, tree, warp
 from verispec.sample.rejection import Verdict, verify
 from verispec.sample.tree import DraftTree, verify_tree
 from verispec.sampling_params import SamplingParams
+from verispec.verify.fit import Fit, fit
 
 CHAIN, STAR = [-1, 0, 1], [-1, -1, -1]
 TWO_LEVEL, UNBALANCED = [-1, -1, 0, 0, 1, 1], [-1, -1, -1, 0, 0, 3]

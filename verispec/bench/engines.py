@@ -159,6 +159,8 @@ class VerispecEngine:
     note: ClassVar[str] = ""
     drafts_with_models: ClassVar[bool] = True
     runs_heads: ClassVar[bool] = True  # runs HEAD_METHODS
+    runs_own_trees: ClassVar[bool] = True  # runs methods that draft trees of their own (suffix)
+    runs_own_layers: ClassVar[bool] = True  # runs self-speculation (the target's own layers)
     quantization: ClassVar[str | None] = None  # of the target's linear weights
 
     def __init__(
@@ -178,6 +180,11 @@ class VerispecEngine:
 
         runs: list[RequestRun] = []
         self.llm.engine.step_times = StepTimes()
+        # A drafter that learns from finished outputs (suffix) starts each pass cold: an
+        # earlier pass over the same prompts would otherwise hand it every answer.
+        forget = getattr(self.llm.engine.proposer, "clear_history", None)
+        if forget is not None:
+            forget()
         started = time.perf_counter()
         for first in range(0, len(prompts), concurrency):
             chunk = prompts[first : first + concurrency]

@@ -53,8 +53,11 @@ Key = tuple[str, MethodSpec]  # (engine, configuration)
 
 
 def chain_methods() -> tuple[str, ...]:
-    """The methods run by default: every registry method that needs no head (see heads)."""
-    return tuple(m for m in method_names() if not takes_head(m))
+    """The methods run by default: every registry method that needs no head (see heads), but
+    self-speculation, whose calibration at load takes a minute on a real model (ask for it:
+    --methods self)."""
+    return tuple(m for m in method_names()
+                 if not takes_head(m) and not method_traits(m).drafts_with_own_layers)  # fmt: skip
 
 
 @dataclass
@@ -264,7 +267,7 @@ def _predicted(
     timed = PassTimes.of(m.runs), PassTimes.of(m.plain_runs)
     if group.concurrency == 1 and timed[0] is not None and timed[1] is not None:
         step = step_cost_ratio(*timed)
-    if takes_head(spec.method):
+    if takes_head(spec.method) or _own_tree(spec) or _own_layers(spec):  # from the step times
         predicted = step_predicted_speedup(length, step)
         return {"draft_cost_ratio": None, "step_cost_ratio": step, "predicted_speedup": predicted}
     cost = draft_cost if takes_draft(spec.method) else 0.0
@@ -312,6 +315,12 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
         if not runs_heads and any(takes_head(s.method) for s in specs):
             specs = [s for s in specs if not takes_head(s.method)]
             progress(f"note: engine {name} runs no head method; it has no rows for them")
+        if not getattr(cls, "runs_own_trees", False) and any(_own_tree(s) for s in specs):
+            specs = [s for s in specs if not _own_tree(s)]
+            progress(f"note: engine {name} runs no suffix-tree method; it has no rows for them")
+        if not getattr(cls, "runs_own_layers", False) and any(_own_layers(s) for s in specs):
+            specs = [s for s in specs if not _own_layers(s)]
+            progress(f"note: engine {name} runs no self-speculation; it has no rows for it")
         progress(f"loading {name} engines ...")
         engines[(name, PLAIN_SPEC)] = cls(config.target, None, PLAIN_SPEC, config.dtype)
         if any(takes_draft(s.method) for s in specs):
@@ -324,6 +333,16 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
                 progress(f"note: {name} {spec.method} {spec.label} runs as {ran.label} (its "
                          "drafter drafts no deeper)")  # fmt: skip
     return engines
+
+
+def _own_tree(spec: MethodSpec) -> bool:
+    """Whether spec's method drafts trees of its own shape (suffix decoding)."""
+    return spec.method != PLAIN and method_traits(spec.method).own_tree
+
+
+def _own_layers(spec: MethodSpec) -> bool:
+    """Whether spec's method drafts with the target's own layers (self-speculation)."""
+    return spec.method != PLAIN and method_traits(spec.method).drafts_with_own_layers
 
 
 def run_bench(

@@ -1,6 +1,9 @@
 """The benchmark's named workloads: prompt files shipped in verispec/bench/prompts/. The code
 workloads are built from the held-out standard-library modules by verispec.train.prompts; the
-chat workload is a hand-written set of instructions for chat models."""
+chat workload is a hand-written set of instructions for chat models, and the agentic one a
+hand-written set of agent turns (a support agent and a travel agent calling tools in JSON, a SQL
+assistant, a code reviewer; eight conversations each, later ones quoting earlier tool calls),
+where later requests' outputs repeat the structure of earlier ones (suffix decoding's home)."""
 
 from __future__ import annotations
 
@@ -83,6 +86,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("edit", "repeat a function under a new name (mostly copied)", 192, 16),
         Workload("free", "open continuation of a module or definition", 128, 16),
         Workload("chat", "answer an instruction (explain, write code, rewrite)", 96, 37, True),
+        Workload("agentic", "an agent's next turn (tool calls, SQL, code fixes)", 128, 32, True),
     )
 }
 

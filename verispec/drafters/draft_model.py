@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
-from verispec.kv import BlockAllocator, BlockTable
+from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.models.paged import PagedModel, append_chunk
@@ -26,6 +26,8 @@ class _DraftState:
     """Tokens of the request the cache held when the last drafts were made."""
     drafts: list[int] = field(default_factory=list)
     """Draft tokens whose KV the cache also holds, after base."""
+    num_indexed: int = 0
+    """Leading blocks of table in the draft's prefix cache (prefix_cache.STOP: no more)."""
 
     def valid_length(self, tokens: list[int]) -> int:
         """Cached positions still valid for tokens: the common prefix of base + drafts."""
@@ -39,11 +41,41 @@ class _DraftState:
 
 class DraftModelProposer:
     """Runs a draft model in lockstep with the target: its own paged KV cache, rolled back to
-    the accepted prefix before each proposal; drafts use the request's own sampling warping."""
+    the accepted prefix before each proposal; drafts use the request's own sampling warping.
+    The model is any LlamaModel over the target's vocabulary: a separate checkpoint (load) or
+    the target's own layers with some skipped (drafters/self_draft.py)."""
 
     def __init__(
-        self, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo
+        self,
+        model: LlamaModel,
+        num_speculative_tokens: int,
+        target: TargetInfo,
+        depth: int | None = None,
     ) -> None:
+        self.target = target
+        # Headroom beyond the target's blocks: a request may still hold up to k - 1 stale draft
+        # slots (not yet rolled back) when it is not drafting this step.
+        stale = math.ceil(num_speculative_tokens / target.block_size) + 1
+        num_blocks = target.num_blocks + target.max_num_seqs * stale
+        self.paged = PagedModel(model, num_blocks, target.block_size)
+        self.max_len = model.config.max_position_embeddings
+        self.depth = depth
+        """Most drafts per request and step (a calibrated k); None = as many as asked."""
+        self.states: dict[str, _DraftState] = {}
+        self.prefix_cache: PrefixCache | None = None
+        """The draft cache's own index of committed full blocks, once enable_prefix_caching."""
+
+    def enable_prefix_caching(self) -> None:
+        """Index the draft cache's blocks of committed tokens: a request starting here (new or
+        preempted) reuses the longest cached prefix of its tokens instead of prefilling it."""
+        self.prefix_cache = PrefixCache(self.allocator, self.paged.block_size)
+
+    @classmethod
+    def load(
+        cls, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo
+    ) -> DraftModelProposer:
+        """A proposer over the draft checkpoint `model` (a directory, GGUF file or name), loaded
+        as the target is (dtype, device, kernels, compile); its tokenizer must be the target's."""
         path = resolve_model_path(model)
         tokenizer = Tokenizer(path)
         check_vocabularies(target.tokenizer, tokenizer)
@@ -54,14 +86,7 @@ class DraftModelProposer:
         )  # fmt: skip
         needed = min(target.vocab_size, tokenizer.vocab_size)  # ids the target can feed it
         check_embedding_covers(loaded.config.vocab_size, needed, path)
-        self.target = target
-        # Headroom beyond the target's blocks: a request may still hold up to k - 1 stale draft
-        # slots (not yet rolled back) when it is not drafting this step.
-        stale = math.ceil(num_speculative_tokens / target.block_size) + 1
-        num_blocks = target.num_blocks + target.max_num_seqs * stale
-        self.paged = PagedModel(loaded, num_blocks, target.block_size)
-        self.max_len = loaded.config.max_position_embeddings
-        self.states: dict[str, _DraftState] = {}
+        return cls(loaded, num_speculative_tokens, target)
 
     @property
     def model(self) -> LlamaModel:
@@ -74,8 +99,10 @@ class DraftModelProposer:
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """k_i tokens per request: the first forward catches the draft cache up with the tokens
         accepted since last time, then one batched forward per further draft position."""
+        cap = self.depth or max(num_tokens, default=0)
         ks = [
-            min(k, self.max_len - r.num_tokens) for r, k in zip(requests, num_tokens, strict=True)
+            min(k, cap, self.max_len - r.num_tokens)
+            for r, k in zip(requests, num_tokens, strict=True)
         ]
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
@@ -112,14 +139,31 @@ class DraftModelProposer:
         """One draft forward: for each request the tokens its draft cache lacks; logits [n, V]."""
         chunks = []
         for r, d in zip(requests, drafts, strict=True):
-            state = self.states.get(r.request_id)
-            if state is None:
-                state = self.states[r.request_id] = _DraftState(self.paged.new_table())
+            state = self.states.get(r.request_id) or self._start(r)
             tokens = r.all_token_ids + d
             if not d:  # first draft step: roll back to what is still valid (keep >= 1 to feed)
                 state.table.truncate(min(state.valid_length(tokens), len(tokens) - 1))
             chunks.append(append_chunk(state.table, tokens[state.table.num_tokens :]))
-        return self.paged.forward(chunks)
+        logits = self.paged.forward(chunks)
+        if self.prefix_cache is not None:
+            for r in requests:  # blocks of committed tokens only: rollback never rewrites them
+                s = self.states[r.request_id]
+                committed = min(s.table.num_tokens, r.num_tokens - 1)
+                s.num_indexed = self.prefix_cache.insert(s.table, r.all_token_ids, s.num_indexed,
+                                                         committed)  # fmt: skip
+        return logits
+
+    def _start(self, request: Request) -> _DraftState:
+        """A new state for the request, holding its longest cached prefix when caching."""
+        state = self.states[request.request_id] = _DraftState(self.paged.new_table())
+        if self.prefix_cache is not None:
+            tokens = request.all_token_ids
+            blocks = self.prefix_cache.match(tokens)
+            state.table.share(blocks)
+            state.num_indexed = len(blocks)
+            state.base = tokens[: state.table.num_tokens]
+            self.prefix_cache.record(len(tokens), state.table.num_tokens)
+        return state
 
 
 def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -11,6 +11,8 @@ from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.medusa import MedusaProposer
 from verispec.drafters.ngram import Lookup, NgramProposer
 from verispec.drafters.proposer import Proposer, TargetInfo
+from verispec.drafters.self_draft import make_self_proposer
+from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import load_eagle_head
 from verispec.models.linear import choose_backend
 from verispec.models.loader import resolve_head_path
@@ -36,6 +38,14 @@ class Method:
     grafts_lookup: bool = False
     """May graft a prompt-lookup chain onto its trees (SpecConfig.prompt_lookup_tokens, with
     prompt_lookup_min / prompt_lookup_max)."""
+    own_tree: bool = False
+    """Drafts trees of its own shape, not tree_topk / tree_depth: num_speculative_tokens is the
+    node budget (up to MAX_TREE_NODES), and a request's tree may have fewer nodes, or none."""
+    takes_suffix: bool = False
+    """Reads SpecConfig.suffix_decoding_* (suffix decoding's tries and limits)."""
+    drafts_with_own_layers: bool = False
+    """Drafts with the target's own layers, some skipped (SpecConfig.self_skip_layers,
+    self_calibration); no separate draft weights."""
 
     @property
     def takes_model(self) -> bool:
@@ -54,6 +64,11 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
                          spec.tree_depth or 1, target, lookup)  # fmt: skip
 
 
+def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
+    return make_self_proposer(spec.self_skip_layers, spec.self_calibration,
+                              spec.num_speculative_tokens, target)  # fmt: skip
+
+
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
@@ -65,7 +80,7 @@ def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
 
 _METHODS: dict[str, Method] = {
     "draft_model": Method(
-        lambda spec, target: DraftModelProposer(
+        lambda spec, target: DraftModelProposer.load(
             spec.model or "", spec.quantization, spec.num_speculative_tokens, target
         ),
         takes_draft_model=True,
@@ -76,6 +91,12 @@ _METHODS: dict[str, Method] = {
     ),
     "eagle": Method(_eagle, takes_head=True, takes_tree=True, grafts_lookup=True),
     "medusa": Method(_medusa, takes_head=True, takes_tree=True),
+    "suffix": Method(
+        lambda spec, target: SuffixProposer(spec.suffix_config()),
+        own_tree=True,
+        takes_suffix=True,
+    ),
+    "self": Method(_self, drafts_with_own_layers=True),
 }
 
 

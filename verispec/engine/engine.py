@@ -10,11 +10,11 @@ import torch
 
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
-from verispec.drafters.registry import make_proposer
+from verispec.drafters.registry import make_proposer, method
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
-from verispec.kv import BlockAllocator, DrafterPrefix, PrefixCache
+from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.hub import DEFAULT_MODEL
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -90,22 +90,24 @@ class Engine:
         """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
         self.prefix_cache: PrefixCache | None = None
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
-        5); a drafter that reads the target's features of every position (EAGLE) indexes its
-        own blocks beside it, and a hit reuses what both hold."""
+        5); a drafter with a KV cache of its own indexes its blocks too, and one that reads the
+        target's features of every position (EAGLE) cuts a hit to what both hold."""
         drafter_prefix = None
         if config.enable_prefix_caching:
             self.prefix_cache = PrefixCache(self.allocator, block_size)
+            if isinstance(self.proposer, CachesPrefixes):  # a draft model, an EAGLE head
+                self.proposer.enable_prefix_caching()
             drafter = self.feature_drafter
             if drafter is not None and drafter.reads_every_position:
                 if not isinstance(drafter, DrafterPrefix):
                     raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
                                     "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
-                drafter.enable_prefix_caching()
                 drafter_prefix = drafter
         self.spec_policy: AdaptiveSpeculation | None = None
         """Chooses each step's draft counts when spec.adaptive (engine/spec_policy.py)."""
         if spec is not None and spec.adaptive:
-            tree = (spec.tree_topk or 1) > 1
+            # A tree (EAGLE/Medusa shape, or suffix decoding's own): none of it or all of it.
+            tree = (spec.tree_topk or 1) > 1 or method(spec.method).own_tree
             self.spec_policy = AdaptiveSpeculation(spec.num_speculative_tokens, tree,
                                                    self._profile_target())  # fmt: skip
         self.scheduler = Scheduler(

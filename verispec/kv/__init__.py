@@ -2,6 +2,13 @@
 
 from verispec.kv.block_allocator import BlockAllocator, CacheExhaustedError
 from verispec.kv.block_table import BlockTable
-from verispec.kv.prefix_cache import DrafterPrefix, PrefixCache
+from verispec.kv.prefix_cache import CachesPrefixes, DrafterPrefix, PrefixCache
 
-__all__ = ["BlockAllocator", "BlockTable", "CacheExhaustedError", "DrafterPrefix", "PrefixCache"]
+__all__ = [
+    "BlockAllocator",
+    "BlockTable",
+    "CacheExhaustedError",
+    "CachesPrefixes",
+    "DrafterPrefix",
+    "PrefixCache",
+]

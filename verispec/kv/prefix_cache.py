@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 from verispec.kv.block_allocator import BlockAllocator
 from verispec.kv.block_table import BlockTable
 
-__all__ = ["STOP", "DrafterPrefix", "PrefixCache"]
+__all__ = ["STOP", "CachesPrefixes", "DrafterPrefix", "PrefixCache"]
 
 Key = tuple[int, tuple[int, ...]]
 STOP = -1
@@ -122,14 +122,20 @@ class PrefixCache:
 
 
 @runtime_checkable
-class DrafterPrefix(Protocol):
-    """A drafter whose own KV cache covers every position (an EAGLE head) and keeps a prefix
-    cache of its own: a target prefix hit reuses only as many blocks as the drafter also has,
-    so the drafter starts where the target starts."""
+class CachesPrefixes(Protocol):
+    """A drafter with a KV cache of its own that can index it too (a draft model: its blocks
+    depend on tokens alone, so it matches its own cache whenever it starts a request)."""
 
     def enable_prefix_caching(self) -> None:
         """Start indexing the drafter's computed blocks."""
         ...
+
+
+@runtime_checkable
+class DrafterPrefix(CachesPrefixes, Protocol):
+    """A drafter whose own KV cache covers every position from the target's features (an EAGLE
+    head): a target prefix hit reuses only as many blocks as the drafter also has, so the
+    drafter starts where the target starts."""
 
     def cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
         """Leading full blocks of token_ids the drafter's cache holds (taking nothing)."""

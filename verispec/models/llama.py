@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -132,14 +132,20 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             if i in feature_layers:
                 captured[i] = x
-            normed = rms_norm(x, layer.input_norm, self._eps)
-            x = x + self_attention(self.config, i, layer, normed, slot_mapping, kv, layout, cos,
-                                   sin)  # fmt: skip
-            h = layer.gate_up(rms_norm(x, layer.post_norm, self._eps))  # [T, 2 * inter]
-            gate, up = h.chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = decoder_layer(self.config, i, layer, x, slot_mapping, kv, layout, cos, sin)
         captured[len(self.layers)] = x
         return rms_norm(x, self.final_norm, self._eps), [captured[i] for i in feature_layers]
+
+    def without_layers(self, skip: Sequence[int]) -> LlamaModel:
+        """This model with the decoder layers in `skip` left out, as a model of its own that
+        shares every weight tensor (nothing is copied). Its layers are numbered 0..kept - 1,
+        so it needs a KV cache of its own (new_kv_cache) with one layer per kept layer."""
+        skipped = set(skip)
+        keep = [layer for i, layer in enumerate(self.layers) if i not in skipped]
+        windows = [layer.window for layer in keep] if self.config.sliding_windows else []
+        config = replace(self.config, num_layers=len(keep), sliding_windows=windows)
+        return LlamaModel(config, self.embed, keep, self.final_norm, self.lm_head,
+                          self.batch_invariant)  # fmt: skip
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the decoder stack through torch.compile from now on (models/compiled.py).
@@ -163,6 +169,27 @@ class LlamaModel:
     @property
     def _eps(self) -> float:
         return self.config.rms_norm_eps
+
+
+def decoder_layer(
+    config: ModelConfig,
+    index: int,
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv: KVCache,
+    layout: AttentionLayout,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """The residual stream x [T, hidden] through layer `index` (its keys and values written at
+    kv layer `index`): x + attention(norm(x)), then + MLP(norm(.))."""
+    eps = config.rms_norm_eps
+    normed = rms_norm(x, layer.input_norm, eps)
+    x = x + self_attention(config, index, layer, normed, slot_mapping, kv, layout, cos, sin)
+    h = layer.gate_up(rms_norm(x, layer.post_norm, eps))  # [T, 2 * inter]
+    gate, up = h.chunk(2, dim=-1)
+    return x + layer.down(F.silu(gate) * up)
 
 
 def self_attention(

@@ -54,6 +54,9 @@ class _GenerationRequest(_Strict):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
     """Add each choice's prompt_token_ids and token_ids (vLLM's extension)."""
+    speculative: bool = True
+    """verispec's extension: false decodes this request without drafts (0 every step, plain
+    decoding of the same engine), the reference `verispec verify --server` compares with."""
 
     def sampling_params(
         self, max_tokens: int, logprobs: int | None, seed: int | None
@@ -69,7 +72,7 @@ class _GenerationRequest(_Strict):
         return SamplingParams(
             max_tokens=max_tokens, seed=seed, logprobs=logprobs, ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            **{k: v for k, v in given.items() if v is not None},
+            speculative=self.speculative, **{k: v for k, v in given.items() if v is not None},
         )  # fmt: skip
 
 
