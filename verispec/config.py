@@ -140,7 +140,7 @@ class SpecConfig:
     The head drafts what is new, the lookup what is copied; the target checks both at once."""
     adaptive: bool = False
     """Choose each step how many tokens to draft per request, up to num_speculative_tokens
-    (a tree: none or all of it), from a measured cost model of this engine and each request's
+    (a tree: its node budget), from a measured cost model of this engine and each request's
     acceptance, so speculation turns itself off under load (engine/spec_policy.py);
     False = always num_speculative_tokens. speculative="auto" turns it on."""
     suffix_decoding_max_tree_depth: int | None = None

@@ -291,9 +291,18 @@ def test_greedy_equals_plain_and_later_requests_draft_from_earlier_outputs(
     assert len(llm.engine.proposer.cached.trie) == 2 * len(PROMPTS)
 
 
-def test_adaptive_speculation_drafts_a_suffix_tree_whole_or_not(llama_checkpoint: Path) -> None:
-    """The adaptive policy gives a tree drafter its full node budget or none (a smaller k
-    would only cap a tree whose size the counts decide)."""
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
+def test_adaptive_speculation_cuts_suffix_trees_and_keeps_greedy_output(spec_pair) -> None:
+    """The adaptive policy chooses each tree's node budget (0 to k, as a chain's depth); trees
+    cut to any budget keep the output plain greedy decoding's."""
+    target, _ = spec_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ref = LLM(model=str(target), batch_invariant=True, speculative=None).generate(PROMPTS, params)
     spec = SpecConfig(method="suffix", num_speculative_tokens=8, adaptive=True)
-    policy = LLM(model=str(llama_checkpoint), speculative=spec).engine.spec_policy
-    assert policy is not None and policy.tree and policy.depths == [0, 8]
+    llm = LLM(model=str(target), batch_invariant=True, speculative=spec, max_num_seqs=2)
+    policy = llm.engine.spec_policy
+    assert policy is not None and policy.depths == list(range(9))
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [r.token_ids for r in ref]
+    assert llm.engine.spec_stats.num_draft_tokens > 0

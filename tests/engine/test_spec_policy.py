@@ -48,7 +48,7 @@ def test_drafts_pay_for_one_request_and_not_for_a_full_batch() -> None:
     for one request; once the batch makes the forward compute-bound, drafts only add work."""
     cost = StepCost(target={1: 0.010, 8: 0.011, 32: 0.040, 64: 0.080, 160: 0.200},
                     draft={4: 0.002})  # fmt: skip
-    policy = AdaptiveSpeculation(4, tree=False, cost=cost)
+    policy = AdaptiveSpeculation(4, cost=cost)
     for _ in range(20):  # requests whose drafts are mostly accepted
         policy.observe_request("a", 4, 3)
     assert policy.choose(["a"], 1) == [4]
@@ -61,23 +61,35 @@ def test_drafts_pay_for_one_request_and_not_for_a_full_batch() -> None:
 
 def test_requests_that_never_accept_stop_drafting_others_go_on() -> None:
     cost = StepCost(target={1: 0.010, 2: 0.011, 4: 0.013, 8: 0.017}, draft={2: 0.001})
-    policy = AdaptiveSpeculation(2, tree=False, cost=cost)
+    policy = AdaptiveSpeculation(2, cost=cost)
     for _ in range(30):
         policy.observe_request("good", 2, 2)
         policy.observe_request("bad", 2, 0)
     assert policy.choose(["good", "bad"], 2) == [2, 0]
 
 
-def test_a_tree_is_all_or_nothing_and_exploration_keeps_estimates_fresh() -> None:
-    cost = StepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={15: 0.2})
-    policy = AdaptiveSpeculation(15, tree=True, cost=cost)
-    assert policy.depths == [0, 15]
+def test_exploration_keeps_estimates_fresh() -> None:
+    cost = StepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={1: 0.2, 15: 0.2})
+    policy = AdaptiveSpeculation(15, cost=cost)
     choices = [policy.choose(["t"], 1) for _ in range(32)]
     assert choices[:15] == [[0]] * 15  # drafting costs 0.2 s for at most 15 tokens: off
-    assert choices[15] == [15] and choices[31] == [15]  # ... but every 16th step drafts
+    assert choices[15] == [1] and choices[31] == [1]  # ... but every 16th step drafts
     assert choices[16:31] == [[0]] * 15  # to measure again (one request: exploring is cheap)
     busy = [f"r{i}" for i in range(8)]
     assert sum(any(policy.choose(busy, 8)) for _ in range(128)) == 2  # 8 requests: every 64th
+
+
+def test_a_tree_budget_is_chosen_like_a_chain_depth() -> None:
+    """Tree steps accepting m of their nodes (never all: a tree is wider than deep) read as a
+    chain accepting m / (m + 1) per token: where verify rows are dear a small budget wins, where
+    they are nearly free a large one does."""
+    dear = StepCost(target={1: 0.010, 3: 0.012, 15: 0.030}, draft={d: 0.001 for d in range(15)})
+    cheap = StepCost(target={1: 0.010, 15: 0.0105}, draft={d: 0.001 for d in range(15)})
+    for cost, want in ((dear, range(1, 8)), (cheap, range(8, 15))):
+        policy = AdaptiveSpeculation(14, cost=cost)
+        for _ in range(20):
+            policy.observe_request("t", 14, 2)
+        assert policy.choose(["t"], 1)[0] in want
 
 
 def test_the_cost_model_takes_the_median_of_recent_steps() -> None:

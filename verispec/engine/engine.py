@@ -10,7 +10,7 @@ import torch
 
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
-from verispec.drafters.registry import make_proposer, method
+from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
@@ -106,9 +106,8 @@ class Engine:
         self.spec_policy: AdaptiveSpeculation | None = None
         """Chooses each step's draft counts when spec.adaptive (engine/spec_policy.py)."""
         if spec is not None and spec.adaptive:
-            # A tree (EAGLE/Medusa shape, or suffix decoding's own): none of it or all of it.
-            tree = (spec.tree_topk or 1) > 1 or method(spec.method).own_tree
-            self.spec_policy = AdaptiveSpeculation(spec.num_speculative_tokens, tree,
+            # A tree's node budget is chosen as a chain's depth is (engine/spec_policy.py).
+            self.spec_policy = AdaptiveSpeculation(spec.num_speculative_tokens,
                                                    self._profile_target())  # fmt: skip
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,

@@ -15,8 +15,10 @@ speculation down and off by itself (docs/design.md, 10).
 - **Gain**: a chain request drafting d tokens with per-token acceptance a (geometric model)
   expects a (1 - a^d) / (1 - a) accepted drafts; a is its own accepted / (accepted +
   rejections) shrunk towards the engine-wide value (a prior worth PRIOR_WEIGHT verify steps).
-  A tree request has two options, no drafts or the full tree, whose gain is its mean accepted
-  drafts per verify step (shrunk likewise).
+  A tree's node budget is chosen the same way (its drafters cut trees to any budget, keeping
+  their best nodes): every tree step that stops short of its budget counts as a rejection, so
+  a = m / (m + 1) for m accepted per step, which is the chain that would accept as much; a
+  small budget (a short chain of the best nodes) then competes with the full tree on cost.
 - **Choice** (choose_num_drafts): the best common depth, then each request whose drafts add
   fewer tokens than their share of the step's extra time would have produced drops to 0.
   When the choice is no drafts at all, a step drafts anyway once in explore_interval(n) such
@@ -216,10 +218,9 @@ class _Counts:
 class AdaptiveSpeculation:
     """Chooses each decoding request's draft count each step (see the module docstring)."""
 
-    def __init__(self, max_tokens: int, tree: bool, cost: StepCost | None = None) -> None:
+    def __init__(self, max_tokens: int, cost: StepCost | None = None) -> None:
         self.max_tokens = max_tokens
-        self.tree = tree
-        self.depths = [0, max_tokens] if tree else list(range(max_tokens + 1))
+        self.depths = list(range(max_tokens + 1))
         self.cost = cost or StepCost()
         self._requests: dict[str, _Counts] = {}
         self._total = _Counts()
@@ -254,10 +255,6 @@ class AdaptiveSpeculation:
 
     def _gains(self, counts: _Counts) -> list[float]:
         total = self._total
-        if self.tree:  # mean accepted drafts per verify step, shrunk to the engine's
-            prior = total.accepted / total.steps if total.steps else 1.0
-            mean = (counts.accepted + PRIOR_WEIGHT * prior) / (counts.steps + PRIOR_WEIGHT)
-            return [0.0, mean]
         seen = total.accepted + total.rejections
         prior = total.accepted / seen if seen else 0.5
         alpha = (counts.accepted + PRIOR_WEIGHT * prior) / (
