@@ -70,15 +70,20 @@ DRAFT_NOISE = 0.5  # draft = target + 0.5 std of noise per matrix: sum min(p, q)
 DRAFT_PROMPT = [0, 5, 9]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, PreTrainedModel]:
-    """(target dir, draft dir, target transformers model) over a 12-word vocabulary."""
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """The 12-word vocabulary's tokenizer: <s>, </s>, <pad>, w0 .. w8, split on whitespace."""
     words = ["<s>", "</s>", "<pad>", *(f"w{i}" for i in range(VOCAB - 3))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, PreTrainedModel]:
+    """(target dir, draft dir, target transformers model) over a 12-word vocabulary."""
+    tokenizer = word_tokenizer()
     config = family_config(
         "llama", VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,

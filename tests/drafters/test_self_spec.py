@@ -29,9 +29,16 @@ from test_greedy_exactness import (
     repeating_prompts,
     stop_params,
 )
-from test_sampling_distribution import ALPHA, DRAFT_PROMPT, TOKENS, VOCAB, exact_joint, run_case
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from test_sampling_distribution import (
+    ALPHA,
+    DRAFT_PROMPT,
+    TOKENS,
+    VOCAB,
+    exact_joint,
+    run_case,
+    word_tokenizer,
+)
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
@@ -354,12 +361,7 @@ def test_cli_flags(target: Path, tmp_path: Path, capsys) -> None:
 def small_vocab_target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrainedModel]:
     """A 3-layer target over the 12-word vocabulary (test_sampling_distribution's, with two
     layers more); its draft skips the middle layer: acceptance 0.3-0.6 in these cases."""
-    words = ["<s>", "</s>", "<pad>", *(f"w{i}" for i in range(VOCAB - 3))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
+    tokenizer = word_tokenizer()
     config = family_config(
         "llama", VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,

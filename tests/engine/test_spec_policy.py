@@ -100,10 +100,22 @@ def test_the_cost_model_takes_the_median_of_recent_steps() -> None:
     assert cost.target[1] == pytest.approx(0.011)
     assert cost.curve()[16] == pytest.approx(0.022)  # the profile, scaled to the steps
     cost.observe(16, 0, 0.9, 0.0)  # one slow step at a rare token count: not trusted yet
-    assert cost.curve()[16] == pytest.approx(0.023)  # the median ratio moved one place
+    assert cost.curve()[16] == pytest.approx(0.022)  # (nor is its range's ratio)
     for t in (0.03, 0.03):
         cost.observe(16, 0, t, 0.0)
     assert cost.curve()[16] == pytest.approx(0.03)  # three steps: their median
+
+
+def test_busy_steps_scale_the_profile_near_them() -> None:
+    """Steps of many sequences cost more per extra token than the one-sequence profile says:
+    the ratio measured near 32 tokens scales the profile there, not the one measured at 16."""
+    cost = StepCost(profile={1: 0.01, 16: 0.02, 32: 0.025, 64: 0.04})
+    for _ in range(3):
+        cost.observe(16, 0, 0.03, 0.0)  # 1.5x the profile
+        cost.observe(40, 0, 0.0575, 0.0)  # 2x the profile at 40 tokens (0.02875)
+    curve = cost.curve()
+    assert curve[32] == pytest.approx(0.05) and curve[64] == pytest.approx(0.08)
+    assert curve[1] == pytest.approx(0.015)  # the nearest range measured: 16's
 
 
 @pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])

@@ -29,6 +29,7 @@ speculation down and off by itself (docs/design.md, 10).
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -127,8 +128,11 @@ class StepCost:
 
     The start-up profile (one short sequence) is cheaper than serving steps (many sequences,
     long contexts), so once steps are measured, profile points stand in where fewer than
-    MIN_STEPS steps were measured, scaled by the median measured / profiled ratio of the
-    recent steps.
+    MIN_STEPS steps were measured, each scaled by the median measured / profiled ratio of the
+    recent steps near it (token counts from that profile point to the next; the nearest such
+    range with MIN_STEPS steps where it has too few): a step of many sequences costs more per
+    extra token than the profile's one sequence, so one scale for every count made drafts look
+    cheap at 16 clients.
     """
 
     target: dict[int, float] = field(default_factory=dict)
@@ -139,7 +143,8 @@ class StepCost:
     """Target forward seconds by token count, timed at start-up."""
     _merged: dict[int, float] = field(default_factory=dict, repr=False)
     _recent: dict[tuple[str, int], deque[float]] = field(default_factory=dict, repr=False)
-    _ratios: deque[float] = field(default_factory=lambda: deque(maxlen=4 * WINDOW), repr=False)
+    _ratios: dict[int, deque[float]] = field(default_factory=dict, repr=False)
+    """Recent measured / profiled ratios by the profile point at or below their token count."""
 
     def observe(self, tokens: int | None, depth: int, target_s: float, draft_s: float) -> None:
         """Fold one step's measured times in (tokens None: a step whose target time does not
@@ -147,7 +152,10 @@ class StepCost:
         if tokens is not None:
             self._update(self.target, "target", tokens, target_s)
             if self.profile:
-                self._ratios.append(target_s / _interpolate(self.profile, tokens))
+                ratio = target_s / _interpolate(self.profile, tokens)
+                below = [k for k in self.profile if k <= tokens]
+                point = max(below) if below else min(self.profile)
+                self._ratios.setdefault(point, deque(maxlen=WINDOW)).append(ratio)
         if depth > 0:
             self._update(self.draft, "draft", depth, draft_s)
         self._merged = {}
@@ -172,15 +180,25 @@ class StepCost:
         """
         if not self._merged:
             trusted = {k: t for k, t in self.target.items() if self._trusted(k)}
-            scale = 1.0
-            if self._ratios:  # measured / profiled, per recent step: robust to rare T's noise
-                scale = statistics.median(self._ratios)
-            elif trusted and self.profile:
+            fallback = 1.0
+            if not self._ratios and trusted and self.profile:
                 ratios = [t / _interpolate(self.profile, k) for k, t in trusted.items()]
-                scale = sum(ratios) / len(ratios)
-            scaled = {k: v * scale for k, v in self.profile.items() if k not in trusted}
+                fallback = sum(ratios) / len(ratios)
+            scaled = {k: v * self._scale(k, fallback) for k, v in self.profile.items()
+                      if k not in trusted}  # fmt: skip
             self._merged = {**scaled, **trusted} or dict(self.target)
         return self._merged
+
+    def _scale(self, point: int, fallback: float) -> float:
+        """The median measured / profiled ratio near a profile point: its own range's when
+        that has MIN_STEPS steps, else the nearest range's that has (any steps at all, when
+        none has enough), else fallback."""
+        ranges = [k for k, r in self._ratios.items() if r]
+        if not ranges:
+            return fallback
+        enough = [k for k in ranges if len(self._ratios[k]) >= MIN_STEPS] or ranges
+        nearest = min(enough, key=lambda k: (abs(math.log2(k) - math.log2(point)), -k))
+        return statistics.median(self._ratios[nearest])
 
     def _trusted(self, tokens: int) -> bool:
         """Whether the measured estimate at this token count rests on enough steps (or was
