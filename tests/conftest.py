@@ -20,6 +20,8 @@ from transformers import (
     Qwen3Config,
 )
 
+from verispec.engine.scheduler import Scheduler
+from verispec.request import Request
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
@@ -195,3 +197,17 @@ def smollm2_path() -> Path:
         return pull("smollm2-135m-instruct")
     except ValueError as e:
         pytest.skip(f"SmolLM2 is not cached and could not be fetched: {e}")
+
+
+def count_preemptions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the requests the scheduler preempts from now on (a test that wants
+    preemptions asserts the list is not empty)."""
+    preemptions: list[str] = []
+    preempt = Scheduler._preempt
+
+    def spy(self: Scheduler, victim: Request, scheduled: list) -> None:
+        preemptions.append(victim.request_id)
+        preempt(self, victim, scheduled)
+
+    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    return preemptions

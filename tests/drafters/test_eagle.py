@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_checkpoint
+from conftest import count_preemptions, make_checkpoint
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.batch import ForwardBatch
@@ -25,7 +25,6 @@ from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import Scheduler
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.loader import load_model
@@ -302,14 +301,7 @@ BATCHING = {
 def test_batch_compositions(trained: Trained, engine: dict, plain: dict, monkeypatch) -> None:
     """Prefill chunks hand features over piecewise; requests join mid-run; preempted requests
     drop the head's state and recompute it: the tokens stay the same, nothing leaks."""
-    preemptions = []
-    preempt = Scheduler._preempt
-
-    def spy(self: Scheduler, victim: Request, scheduled: list) -> None:
-        preemptions.append(victim.request_id)
-        preempt(self, victim, scheduled)
-
-    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    preemptions = count_preemptions(monkeypatch)
     prompts = trained.prompts[:6]
     llm = eagle(trained, 12, 3, 4, **engine)
     out = llm.generate(prompts, GREEDY)

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, SPEC_PAIRS
+from conftest import CORPUS, SPEC_PAIRS, count_preemptions
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import Scheduler
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 
@@ -264,14 +263,7 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
     params = SamplingParams(temperature=0, max_tokens=26, ignore_eos=True)
     ref = plain.generate(target, prompts, params, **engine)
 
-    preemptions = []
-    preempt = Scheduler._preempt
-
-    def spy(self: Scheduler, victim: Request, scheduled: list) -> None:
-        preemptions.append(victim.request_id)
-        preempt(self, victim, scheduled)
-
-    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    preemptions = count_preemptions(monkeypatch)
     out, llm = speculative(target, draft, method, k, prompts, params, **engine)
     assert_same(out, ref)
     assert preemptions, "the cache was big enough; nothing was preempted"

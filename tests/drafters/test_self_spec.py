@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, family_config, make_checkpoint
+from conftest import CORPUS, count_preemptions, family_config, make_checkpoint
 from test_draft_model import check_caches
 from test_greedy_exactness import (
     PROMPTS,
@@ -43,9 +43,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
 from verispec.drafters.skip_search import SkipChoice, StepCostModel, calibrate, mean_accepted
-from verispec.engine.scheduler import Scheduler
 from verispec.outputs import RequestOutput
-from verispec.request import Request
 from verispec.verify.fit import fit
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -152,14 +150,7 @@ def test_engine_settings_keep_the_tokens(
     prompts = [*random_prompts(4, seed=6, lo=8, hi=20), *repeating_prompts(7)[2:4]]
     params = SamplingParams(temperature=0, max_tokens=26, ignore_eos=True)
     ref = plain_generate(plain, target, prompts, params, **engine)
-    preemptions = []
-    preempt = Scheduler._preempt
-
-    def spy(self: Scheduler, victim: Request, scheduled: list) -> None:
-        preemptions.append(victim.request_id)
-        preempt(self, victim, scheduled)
-
-    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    preemptions = count_preemptions(monkeypatch)
     llm = self_llm(target, 4, **engine)
     assert_same(llm.generate(prompts + prompts[:2], params), ref + ref[:2])
     assert_partial(llm)
