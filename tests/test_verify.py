@@ -29,13 +29,20 @@ def far_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path,
     """(target, draft): a tiny Llama whose next-token entropy is about 2 nats (its output layer
     scaled by HEAD_SCALE), and a copy with 0.05 std of noise per matrix: about 40% of sampled
     drafts accepted, and q far enough from p that a verifier emitting q is caught."""
-    target = tmp_path_factory.mktemp("verify-target")
-    draft = tmp_path_factory.mktemp("verify-draft")
+    return make_sharp_pair(tmp_path_factory, "verify", tokenizer, noise=0.05)
+
+
+def make_sharp_pair(
+    factory: pytest.TempPathFactory, name: str, tokenizer, noise: float
+) -> tuple[Path, Path]:
+    """(target, draft) directories: a tiny Llama (layers x8) whose output layer is scaled by
+    HEAD_SCALE, and a copy with `noise` std of noise per matrix."""
+    target, draft = factory.mktemp(f"{name}-target"), factory.mktemp(f"{name}-draft")
     model = make_checkpoint(target, "llama", tokenizer, layer_scale=8.0)
     with torch.no_grad():
         model.lm_head.weight.mul_(HEAD_SCALE)
     model.save_pretrained(str(target))
-    make_perturbed_copy(draft, model, tokenizer, noise=0.05)
+    make_perturbed_copy(draft, model, tokenizer, noise=noise)
     return target, draft
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint, make_perturbed_copy
 from test_chat import with_chat_template
+from test_verify import make_sharp_pair
 
 from verispec import LLM, SpecConfig
 from verispec.cli import main
@@ -21,7 +21,6 @@ from verispec.verify.client import ServerClient, ServerError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-HEAD_SCALE = 25.0  # next-token entropy about 2 nats: sampled cells with counts
 MESSAGES = [[{"role": "user", "content": "def add(a, b):"}],
             [{"role": "user", "content": "for i in range(10):"}]]  # fmt: skip
 
@@ -29,17 +28,9 @@ MESSAGES = [[{"role": "user", "content": "def add(a, b):"}],
 @pytest.fixture(scope="module")
 def sharp_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
     """(target, draft): a tiny chat Llama with about 2 nats of next-token entropy (its output
-    layer scaled by HEAD_SCALE) and a copy with 0.2 std of noise per matrix: q far enough from
+    layer scaled by test_verify.HEAD_SCALE) and a copy with 0.2 std of noise per matrix: q far from
     p that 320 samples a side tell a verifier emitting q apart (measured p ~ 1e-51)."""
-    chat_tokenizer = with_chat_template(tokenizer)
-    target = tmp_path_factory.mktemp("verify-serve-target")
-    draft = tmp_path_factory.mktemp("verify-serve-draft")
-    model = make_checkpoint(target, "llama", chat_tokenizer, layer_scale=8.0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(HEAD_SCALE)
-    model.save_pretrained(str(target))
-    make_perturbed_copy(draft, model, chat_tokenizer, noise=0.2)
-    return target, draft
+    return make_sharp_pair(tmp_path_factory, "verify-serve", with_chat_template(tokenizer), 0.2)
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,7 @@ class DraftModelProposer:
                 state.table.truncate(min(state.valid_length(tokens), len(tokens) - 1))
             chunks.append(append_chunk(state.table, tokens[state.table.num_tokens :]))
         logits = self.paged.forward(chunks)
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and not any(drafts):  # the catch-up: once a proposal
             for r in requests:  # blocks of committed tokens only: rollback never rewrites them
                 s = self.states[r.request_id]
                 committed = min(s.table.num_tokens, r.num_tokens - 1)
