@@ -10,6 +10,8 @@ from torch.testing import assert_close
 
 from tests.models.harness import Runner
 from verispec.batch import ForwardBatch, SeqChunk
+from verispec.models import attention
+from verispec.models.attention import LONG_QUERY, AttentionLayout
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
@@ -44,6 +46,66 @@ def test_ragged_batch_matches_each_sequence_alone(model) -> None:
     batched = runner.forward([a.chunk(long, 3), b.chunk(short, 9), c.chunk(step)])
     assert batched.shape == (3 + 9 + 1, alone[0].shape[1])
     assert_close(batched, torch.cat(alone), atol=1e-5, rtol=0)
+
+
+def test_long_chunk_attends_apart_with_the_same_logits(model) -> None:
+    """A prefill chunk longer than LONG_QUERY beside a draft tree and a decode step: the chunk
+    attends in a group of its own (no padding of the short ones to its length), and every
+    sequence gets the logits it gets alone."""
+    long, context, tree, step = ids(LONG_QUERY + 8, 1), ids(26, 2), ids(3, 3), ids(1, 4)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    p = len(context)
+
+    def tree_chunk(seq):
+        return seq.chunk(tree, 3, extra_mask=mask, positions=[p, p + 1, p + 1])
+
+    alone = [_alone(model, long, 2), _alone(model, tree, 3, context, mask),
+             _alone(model, step, 1, context)]  # fmt: skip
+
+    runner = Runner(model, 96, BLOCK_SIZE)
+    a, b, c = runner.sequence(), runner.sequence(), runner.sequence()
+    runner.forward([b.chunk(context)])
+    runner.forward([c.chunk(context)])
+    chunks = [tree_chunk(b), a.chunk(long, 2), c.chunk(step)]
+    batch = ForwardBatch.build(chunks, BLOCK_SIZE)
+    layout = AttentionLayout.build(batch, runner.model.windows)
+    assert [rows.tolist() for rows, _ in layout.groups] == [
+        [0, 1, 2, 3 + LONG_QUERY + 8], list(range(3, 3 + LONG_QUERY + 8))
+    ]
+    batched = runner.model.forward(batch, runner.kv)
+    assert_close(batched, torch.cat([alone[1], alone[0], alone[2]]), atol=1e-5, rtol=0)
+
+
+def _alone(model, tokens, num_logits, context=(), mask=None) -> torch.Tensor:
+    """Logits of one chunk in a forward of its own (after `context`, as a tree when masked)."""
+    runner = Runner(model, 96, BLOCK_SIZE)
+    seq = runner.sequence()
+    if context:
+        runner.forward([seq.chunk(list(context))])
+    if mask is None:
+        return runner.forward([seq.chunk(tokens, num_logits)])
+    p = len(context)
+    return runner.forward([seq.chunk(tokens, num_logits, extra_mask=mask,
+                                     positions=[p, p + 1, p + 1])])  # fmt: skip
+
+
+def test_select_takes_sequences_and_their_rows() -> None:
+    """Worked example of ForwardBatch.select: query lens [2, 5, 1], sequences [0, 2]."""
+    middle = SeqChunk(list(range(5)), 3, list(range(8, 13)), [2, 3, 4, 5])
+    batch = ForwardBatch.build([chunk(2), middle, SeqChunk([9], 4, [16], [4, 5])], BLOCK_SIZE)
+    sub, rows = batch.select([0, 2])
+    assert rows.tolist() == [0, 1, 7]
+    assert sub.input_ids.tolist() == [3, 4, 9]
+    assert sub.cu_query_lens.tolist() == [0, 2, 3]
+    assert sub.context_lens.tolist() == [2, 5]
+    assert sub.block_tables.tolist() == [[0, 1, 0, 0], [4, 5, 0, 0]]
+    assert (sub.query_lens, sub.context_lens_host) == ([2, 1], [2, 5])
+
+
+def test_attention_doctests() -> None:
+    import doctest
+
+    assert doctest.testmod(attention).failed == 0
 
 
 def test_tree_sequence_beside_a_causal_one(model) -> None:

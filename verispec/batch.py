@@ -60,6 +60,39 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def select(self, seqs: Sequence[int]) -> tuple[ForwardBatch, torch.Tensor]:
+        """The sub-batch of sequences `seqs` (in that order), and its rows' flat indices in this
+        batch [T']; the sub-batch computes no logits. E.g. query lens [2, 5, 1], seqs [0, 2]:
+        rows [0, 1, 7]."""
+        starts = [0]
+        for q in self.query_lens:
+            starts.append(starts[-1] + q)
+        flat = [r for s in seqs for r in range(starts[s], starts[s + 1])]
+        device = self.input_ids.device
+        rows = torch.tensor(flat, dtype=torch.int64, device=device)  # [T']
+        index = torch.tensor(list(seqs), dtype=torch.int64, device=device)  # [S']
+        query_lens = [self.query_lens[s] for s in seqs]
+        cu = [0]
+        for q in query_lens:
+            cu.append(cu[-1] + q)
+        extra = None
+        if self.extra_mask is not None:
+            extra = self.extra_mask.index_select(0, index)[:, : max(query_lens)]
+        sub = ForwardBatch(
+            input_ids=self.input_ids.index_select(0, rows),
+            positions=self.positions.index_select(0, rows),
+            slot_mapping=self.slot_mapping.index_select(0, rows),
+            cu_query_lens=torch.tensor(cu, dtype=torch.int64, device=device),
+            context_lens=self.context_lens.index_select(0, index),
+            block_tables=self.block_tables.index_select(0, index),
+            logits_indices=rows[:0],
+            extra_mask=extra,
+            query_lens=query_lens,
+            context_lens_host=[self.context_lens_host[s] for s in seqs],
+            block_size=self.block_size,
+        )
+        return sub, rows
+
     @classmethod
     def build(
         cls, chunks: Sequence[SeqChunk], block_size: int, device: torch.device | str = "cpu"

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from verispec.kv.cache import KVCache
+
+LONG_QUERY = 32
+"""A sequence with more new tokens than this (a prefill chunk) attends in a group of its own. In
+one padded batch every short sequence (a decode or verify step) would be padded to the chunk's
+length: 15 two-token verify steps beside one 152-token chunk took 1.0 s on SmolLM2, against
+0.46 s for the two forwards apart (docs/design.md, 4)."""
+
+
+def attention_groups(query_lens: Sequence[int], long_query: int = LONG_QUERY) -> list[list[int]]:
+    """Which sequences attend together in one padded batch: the short ones (decode and verify
+    steps) in one group, each long one (a prefill chunk) alone.
+
+    >>> attention_groups([2, 2, 152, 1, 40])
+    [[0, 1, 3], [2], [4]]
+    >>> attention_groups([2, 1])
+    [[0, 1]]
+    """
+    short = [s for s, q in enumerate(query_lens) if q <= long_query]
+    return ([short] if short else []) + [[s] for s, q in enumerate(query_lens) if q > long_query]
 
 
 @dataclass(slots=True)
@@ -23,16 +47,32 @@ class AttentionLayout:
     every query sees every key."""
     row_keys: dict[int | None, list[tuple[int, slice | torch.Tensor]]] | None
     """Batch-invariant mode only: per window, each flat row's (sequence, visible key indices)."""
+    groups: list[tuple[torch.Tensor, AttentionLayout]] = field(default_factory=list)
+    """When sequences attend in groups (attention_groups): each group's flat rows [T'] and its
+    own layout; the fields above are then unused."""
 
     def tensors(self) -> list[torch.Tensor | None]:
         """The per-step tensors of the layout (None where absent)."""
-        return [self.q_rows, self.q_valid, self.kv_slots, *self.masks.values()]
+        own = [self.q_rows, self.q_valid, self.kv_slots, *self.masks.values()]
+        return own + [t for rows, part in self.groups for t in (rows, *part.tensors())]
 
     @classmethod
     def build(
-        cls, batch: ForwardBatch, windows: set[int | None], row_wise: bool = False
+        cls,
+        batch: ForwardBatch,
+        windows: set[int | None],
+        row_wise: bool = False,
+        grouped: bool = True,
     ) -> AttentionLayout:
-        """Index maps from the batch's block tables, and one mask per distinct sliding window."""
+        """Index maps from the batch's block tables, and one mask per distinct sliding window;
+        grouped: long chunks attend apart from the rest (attention_groups), which a compiled
+        graph does not do (the number of groups would be part of its shape)."""
+        if grouped and not row_wise and batch.num_seqs > 1:
+            groups = attention_groups(batch.query_lens)
+            if len(groups) > 1:
+                parts = [(rows, cls.build(sub, windows, grouped=False))
+                         for sub, rows in (batch.select(seqs) for seqs in groups)]  # fmt: skip
+                return cls(None, None, None, None, {}, None, parts)
         device = batch.input_ids.device
         num_seqs, max_q, max_ctx = (
             batch.num_seqs,
@@ -118,6 +158,30 @@ def _row_keys(
                 lo = max(0, own + 1 - window) if window is not None else 0
                 rows.append((s, slice(lo, own + 1)))
     return rows
+
+
+def attend(
+    q: torch.Tensor,
+    kv: KVCache,
+    layer: int,
+    layout: AttentionLayout,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """q [T, H, D] -> [T, H * D]: each group of sequences reads its keys and values of `layer`
+    from the paged cache and attends over them."""
+    if layout.groups:
+        num_tokens, num_heads, head_dim = q.shape
+        out = q.new_empty(num_tokens, num_heads * head_dim)  # [T, H * D]
+        for rows, part in layout.groups:
+            out.index_copy_(0, rows, attend(q.index_select(0, rows), kv, layer, part, window,
+                                            scale))  # fmt: skip
+        return out
+    if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
+        keys, values = kv.window(layer, *layout.kv_range)  # [1, C, KVH, D] each
+    else:
+        keys, values = kv.gather(layer, layout.kv_slots)  # [S, C, KVH, D] each
+    return paged_attention(q, keys, values, layout, window, scale)
 
 
 def paged_attention(

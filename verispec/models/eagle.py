@@ -219,7 +219,8 @@ class EagleHead:
         """One head step over a ragged batch; feature [T, hidden] per row (fused target
         features or the head's own output). Returns out [T, hidden] (the next rows' feature)
         and draft logits [L, draft vocab] float32 for batch.logits_indices."""
-        layout = AttentionLayout.build(batch, {None}, self.batch_invariant)
+        layout = AttentionLayout.build(batch, {None}, self.batch_invariant,
+                                       grouped=self.compiled is None)  # fmt: skip
         step = self.compiled or self.step
         return step(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv, feature,
                     batch.logits_indices)  # fmt: skip

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
-from verispec.models.attention import AttentionLayout, paged_attention
+from verispec.models.attention import AttentionLayout, attend
 from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
@@ -110,7 +110,8 @@ class LlamaModel:
         entering each layer in feature_layers ([T, hidden] each; index num_layers = after the
         last layer, before the final norm), as EAGLE-3 reads its low, middle and high layers."""
         self.check_feature_layers(feature_layers)
-        layout = AttentionLayout.build(batch, self.windows, self.batch_invariant)
+        layout = AttentionLayout.build(batch, self.windows, self.batch_invariant,
+                                       grouped=self.compiled is None)  # fmt: skip
         stack = self.compiled or self.decoder_stack
         return stack(batch.input_ids, batch.positions, batch.slot_mapping, layout, kv,
                      tuple(feature_layers))  # fmt: skip
@@ -220,9 +221,5 @@ def self_attention(
     qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one pass
     q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
     kv.write(index, slot_mapping, k, v)  # slot_mapping [T]
-    if layout.kv_range is not None:  # one sequence in consecutive blocks: no copy
-        keys, values = kv.window(index, *layout.kv_range)  # [1, C, KVH, D] each
-    else:
-        keys, values = kv.gather(index, layout.kv_slots)  # [S, C, KVH, D] each
-    out = paged_attention(q, keys, values, layout, layer.window, c.head_dim**-0.5)
+    out = attend(q, kv, index, layout, layer.window, c.head_dim**-0.5)  # [T, H * D]
     return layer.o(out)
