@@ -18,7 +18,7 @@ LONG_QUERY = 32
 """A sequence with more new tokens than this (a prefill chunk) attends in a group of its own. In
 one padded batch every short sequence (a decode or verify step) would be padded to the chunk's
 length: 15 two-token verify steps beside one 152-token chunk took 1.0 s on SmolLM2, against
-0.46 s for the two forwards apart (docs/design.md, 4)."""
+0.46 s for the two forwards apart (docs/design.md, 5)."""
 
 
 def attention_groups(query_lens: Sequence[int], long_query: int = LONG_QUERY) -> list[list[int]]:
