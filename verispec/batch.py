@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -64,17 +65,13 @@ class ForwardBatch:
         """The sub-batch of sequences `seqs` (in that order), and its rows' flat indices in this
         batch [T']; the sub-batch computes no logits. E.g. query lens [2, 5, 1], seqs [0, 2]:
         rows [0, 1, 7]."""
-        starts = [0]
-        for q in self.query_lens:
-            starts.append(starts[-1] + q)
+        starts = list(accumulate(self.query_lens, initial=0))
         flat = [r for s in seqs for r in range(starts[s], starts[s + 1])]
         device = self.input_ids.device
         rows = torch.tensor(flat, dtype=torch.int64, device=device)  # [T']
         index = torch.tensor(list(seqs), dtype=torch.int64, device=device)  # [S']
         query_lens = [self.query_lens[s] for s in seqs]
-        cu = [0]
-        for q in query_lens:
-            cu.append(cu[-1] + q)
+        cu = list(accumulate(query_lens, initial=0))
         extra = None
         if self.extra_mask is not None:
             extra = self.extra_mask.index_select(0, index)[:, : max(query_lens)]

@@ -53,8 +53,7 @@ class AttentionLayout:
 
     def tensors(self) -> list[torch.Tensor | None]:
         """The per-step tensors of the layout (None where absent)."""
-        own = [self.q_rows, self.q_valid, self.kv_slots, *self.masks.values()]
-        return own + [t for rows, part in self.groups for t in (rows, *part.tensors())]
+        return [self.q_rows, self.q_valid, self.kv_slots, *self.masks.values()]
 
     @classmethod
     def build(
