@@ -76,7 +76,9 @@ def test_exploration_keeps_estimates_fresh() -> None:
     assert choices[15] == [1] and choices[31] == [1]  # ... but every 16th step drafts
     assert choices[16:31] == [[0]] * 15  # to measure again (one request: exploring is cheap)
     busy = [f"r{i}" for i in range(8)]
-    assert sum(any(policy.choose(busy, 8)) for _ in range(128)) == 2  # 8 requests: every 64th
+    assert sum(any(policy.choose(busy, 8)) for _ in range(256)) == 2  # 8 requests: every 128th
+    crowd = [f"r{i}" for i in range(64)]
+    assert sum(any(policy.choose(crowd, 64)) for _ in range(1024)) == 2  # at most every 512th
 
 
 def test_a_tree_budget_is_chosen_like_a_chain_depth() -> None:
