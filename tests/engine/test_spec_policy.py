@@ -81,6 +81,29 @@ def test_exploration_keeps_estimates_fresh() -> None:
     assert sum(any(policy.choose(crowd, 64)) for _ in range(1024)) == 2  # at most every 512th
 
 
+def test_drafting_steps_slower_than_predicted_turn_drafts_off() -> None:
+    """Drafts that pay on the model's prediction but make steps slower than predicted (here a
+    head catching up on one step in three, which the median draft time leaves out) stop once
+    the engine has seen it, and the curve never says more tokens cost less."""
+    cost = StepCost(profile={8: 0.10, 16: 0.11}, draft={1: 0.005})
+    policy = AdaptiveSpeculation(1, cost=cost)
+    busy = [f"r{i}" for i in range(8)]
+    for r in busy:
+        for _ in range(10):
+            policy.observe_request(r, 1, 0)
+            policy.observe_request(r, 1, 1)  # a = 0.5: 12 tokens for 0.115 s against 8 for 0.1
+    assert policy.choose(busy, 8) == [1] * 8
+    for draft_s in (0.005, 0.005, 0.12) * 2:
+        cost.observe(8, 0, 0.10, 0.0)
+        cost.observe(16, 1, 0.11, draft_s)  # on average 12 tokens for 0.153 s: no better
+    assert cost.drafting_factor() > 1.3
+    assert policy.choose(busy, 8) == [0] * 8
+    noisy = StepCost(profile={8: 0.10, 16: 0.11})
+    for _ in range(3):
+        noisy.observe(8, 0, 0.2, 0.0)  # a slow patch at 8 tokens
+    assert noisy.seconds(16, 0) >= noisy.seconds(8, 0)
+
+
 def test_a_tree_budget_is_chosen_like_a_chain_depth() -> None:
     """Tree steps accepting m of their nodes (never all: a tree is wider than deep) read as a
     chain accepting m / (m + 1) per token: where verify rows are dear a small budget wins, where

@@ -10,8 +10,10 @@ speculation down and off by itself (docs/design.md, 10).
 - **Cost**: step seconds = target(new tokens in the forward) + draft(depth drafted). Target
   time is profiled at start-up (forwards of 1, 2, 4, ... tokens) and then learned online per
   token count (median of the last WINDOW steps, robust to a step slowed by something else on
-  the machine; linear interpolation between measured counts); draft time per depth is learned
-  likewise (0 until measured: optimistic, so it gets measured).
+  the machine; linear interpolation between measured counts, never falling as the count
+  grows); draft time per depth is learned likewise (0 until measured: optimistic, so it gets
+  measured). A drafting step's prediction is then scaled by how much longer recent drafting
+  steps took than predicted, relative to plain ones (StepCost.drafting_factor).
 - **Gain**: a chain request drafting d tokens with per-token acceptance a (geometric model)
   expects a (1 - a^d) / (1 - a) accepted drafts; a is its own accepted / (accepted +
   rejections) shrunk towards the engine-wide value (a prior worth PRIOR_WEIGHT verify steps).
@@ -29,6 +31,7 @@ speculation down and off by itself (docs/design.md, 10).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections import deque
@@ -45,6 +48,8 @@ WINDOW = 9
 """Recent measurements per token count (or depth) whose median is the cost model's estimate."""
 MIN_STEPS = 3
 """Measured steps a token count needs before its own estimate replaces the scaled profile."""
+CHECK_WINDOW = 16
+"""Recent decode steps, drafting and not, whose measured / predicted times calibrate drafts."""
 
 
 def explore_interval(num_requests: int) -> int:
@@ -147,11 +152,17 @@ class StepCost:
     _recent: dict[tuple[str, int], deque[float]] = field(default_factory=dict, repr=False)
     _ratios: dict[int, deque[float]] = field(default_factory=dict, repr=False)
     """Recent measured / profiled ratios by the profile point at or below their token count."""
+    _checks: dict[bool, deque[float]] = field(default_factory=dict, repr=False)
+    """Recent decode steps' measured / predicted seconds, by whether they drafted."""
 
     def observe(self, tokens: int | None, depth: int, target_s: float, draft_s: float) -> None:
         """Fold one step's measured times in (tokens None: a step whose target time does not
         count, e.g. one with prefill chunks; its draft time still does)."""
         if tokens is not None:
+            predicted = self.predicted(tokens, depth)
+            if predicted > 0:
+                checks = self._checks.setdefault(depth > 0, deque(maxlen=CHECK_WINDOW))
+                checks.append((target_s + draft_s) / predicted)
             self._update(self.target, "target", tokens, target_s)
             if self.profile:
                 ratio = target_s / _interpolate(self.profile, tokens)
@@ -169,16 +180,47 @@ class StepCost:
         table[key] = statistics.median(recent)
 
     def seconds(self, tokens: int, depth: int) -> float:
-        """Predicted step seconds."""
+        """Predicted step seconds, a drafting step's corrected by drafting_factor()."""
+        predicted = self.predicted(tokens, depth)
+        return predicted * self.drafting_factor() if depth > 0 else predicted
+
+    def predicted(self, tokens: int, depth: int) -> float:
+        """Step seconds from the target curve and the draft times alone."""
         return _interpolate(self.curve(), tokens) + (
             _interpolate(self.draft, depth) if depth > 0 and self.draft else 0.0
         )
+
+    def drafting_factor(self) -> float:
+        """How much longer recent drafting decode steps took than predicted, relative to
+        plain ones (mean measured / predicted, 1.0 until each kind has MIN_STEPS steps).
+
+        It charges drafts with what the curve and the draft times miss: a head catching up on
+        the positions a request computed while it did not draft (its prompt, or every step
+        since the last draft), verify rows that cost more than the curve's scaled profile
+        says. Means, not medians: a catch-up is a rare slow step, and a real cost.
+
+        Drafting steps of 16 tokens as predicted (0.12 s target, 0.01 s draft), but one in
+        three catches up and drafts for 0.1 s, which the median draft time leaves out:
+
+        >>> cost = StepCost(profile={8: 0.1, 16: 0.12}, draft={1: 0.01})
+        >>> for draft_s in (0.01, 0.01, 0.1):
+        ...     cost.observe(8, 0, 0.1, 0.0)
+        ...     cost.observe(16, 1, 0.12, draft_s)
+        >>> round(cost.drafting_factor(), 3), round(cost.seconds(16, 1), 3)
+        (1.231, 0.16)
+        """
+        drafted, plain = self._checks.get(True, ()), self._checks.get(False, ())
+        if len(drafted) < MIN_STEPS or len(plain) < MIN_STEPS:
+            return 1.0
+        return statistics.fmean(drafted) / statistics.fmean(plain)
 
     def curve(self) -> dict[int, float]:
         """Target seconds by token count: measured steps, and the profile scaled to them.
 
         >>> StepCost(target={4: 0.2}, profile={4: 0.1, 8: 0.15}).curve()
-        {8: 0.3, 4: 0.2}
+        {4: 0.2, 8: 0.3}
+        >>> StepCost(target={4: 0.2, 8: 0.1}).curve()  # never cheaper for more tokens
+        {4: 0.2, 8: 0.2}
         """
         if not self._merged:
             trusted = {k: t for k, t in self.target.items() if self._trusted(k)}
@@ -188,7 +230,12 @@ class StepCost:
                 fallback = sum(ratios) / len(ratios)
             scaled = {k: v * self._scale(k, fallback) for k, v in self.profile.items()
                       if k not in trusted}  # fmt: skip
-            self._merged = {**scaled, **trusted} or dict(self.target)
+            merged = {**scaled, **trusted} or dict(self.target)
+            # More tokens never cost less: ranges scaled by different ratios (or noise) can
+            # otherwise make a step with drafts look cheaper than the same step without.
+            counts = sorted(merged)
+            self._merged = dict(zip(counts, itertools.accumulate(
+                (merged[k] for k in counts), max), strict=True))  # fmt: skip
         return self._merged
 
     def _scale(self, point: int, fallback: float) -> float:
