@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.conftest import speculative_llm, wait_until
 from serve.test_errors import call
+from verispec import LLM, SpecConfig
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,7 +22,7 @@ NAMES = (
     "kv_cache_usage_perc", "prompt_tokens", "generation_tokens", "num_preemptions",
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
     "request_success", "prefix_cache_queries", "prefix_cache_hits",
-    "spec_decode_num_speculative_tokens",
+    "spec_decode_num_speculative_tokens", "spec_decode_drafting_cost_factor",
 )  # fmt: skip
 
 
@@ -48,6 +49,29 @@ def test_every_metric_is_exposed_under_the_verispec_prefix(chat_pair) -> None:
     families = {f.name for f in text_string_to_metric_families(text)}
     for name in NAMES:
         assert f"verispec:{name}" in families, name
+
+
+def test_adaptive_speculation_gauges_show_the_policy(chat_pair) -> None:
+    """The chosen draft count and the drafting cost correction are the policy's own."""
+    target, draft = chat_pair
+    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=4,
+                      adaptive=True)  # fmt: skip
+    llm = LLM(model=str(target), speculative=spec, batch_invariant=True)
+    policy = llm.engine.spec_policy
+    assert policy is not None
+    with Server(llm.engine, port=0) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        for prompt in ("def add(a, b):", "class A:", "import os"):
+            client.completions.create(model=server.model_name, prompt=prompt, max_tokens=16,
+                                      temperature=0)  # fmt: skip
+        wait_until(lambda: value(scrape(server), "num_requests_running") == 0)
+        m = scrape(server)
+    choice = policy.last_choice
+    assert value(m, "spec_decode_num_speculative_tokens") == sum(choice) / len(choice)
+    assert value(m, "spec_decode_drafting_cost_factor") == pytest.approx(
+        policy.cost.drafting_factor()
+    )
+    assert policy.cost.drafting_factor() > 0
 
 
 def test_counters_match_the_requests_sent(server: Server) -> None:

@@ -72,6 +72,11 @@ class ServerMetrics:
             "spec_decode_num_speculative_tokens",
             "Draft tokens per decoding request the adaptive policy chose at the last step "
             "(mean; 0 = speculation off)").labels(m)  # fmt: skip
+        self.drafting_factor = gauge(
+            "spec_decode_drafting_cost_factor",
+            "Recent drafting steps' measured / predicted seconds over plain steps' (the "
+            "adaptive policy's correction of drafting costs; 1 = as its cost model predicts)",
+        ).labels(m)
         self._spec_seen = SpecStats()
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
@@ -114,6 +119,8 @@ class ServerMetrics:
         policy = engine.spec_policy
         if policy is not None and policy.last_choice:
             self.num_speculative_tokens.set(sum(policy.last_choice) / len(policy.last_choice))
+        if policy is not None:
+            self.drafting_factor.set(policy.cost.drafting_factor())
         cache = engine.prefix_cache
         if cache is not None:
             queries, hits = self._prefix_seen
