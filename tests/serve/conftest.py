@@ -29,10 +29,12 @@ def chat_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path
     return target, draft
 
 
-def speculative_llm(chat_pair: tuple[Path, Path], **options) -> LLM:
-    """The target with its draft model, k = 4, batch-invariant (greedy output equals plain)."""
+def speculative_llm(chat_pair: tuple[Path, Path], adaptive: bool = False, **options) -> LLM:
+    """The target with its draft model, k = 4 (up to 4 when adaptive), batch-invariant (greedy
+    output equals plain)."""
     target, draft = chat_pair
-    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=4)
+    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=4,
+                      adaptive=adaptive)  # fmt: skip
     return LLM(model=str(target), speculative=spec, batch_invariant=True, **options)
 
 

@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.conftest import speculative_llm, wait_until
 from serve.test_errors import call
-from verispec import LLM, SpecConfig
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,10 +52,7 @@ def test_every_metric_is_exposed_under_the_verispec_prefix(chat_pair) -> None:
 
 def test_adaptive_speculation_gauges_show_the_policy(chat_pair) -> None:
     """The chosen draft count and the drafting cost correction are the policy's own."""
-    target, draft = chat_pair
-    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=4,
-                      adaptive=True)  # fmt: skip
-    llm = LLM(model=str(target), speculative=spec, batch_invariant=True)
+    llm = speculative_llm(chat_pair, adaptive=True)
     policy = llm.engine.spec_policy
     assert policy is not None
     with Server(llm.engine, port=0) as server:

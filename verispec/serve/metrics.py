@@ -117,9 +117,9 @@ class ServerMetrics:
         self.num_preemptions.inc(engine.num_preemptions - self._preemptions_seen)
         self._preemptions_seen = engine.num_preemptions
         policy = engine.spec_policy
-        if policy is not None and policy.last_choice:
-            self.num_speculative_tokens.set(sum(policy.last_choice) / len(policy.last_choice))
         if policy is not None:
+            if policy.last_choice:
+                self.num_speculative_tokens.set(sum(policy.last_choice) / len(policy.last_choice))
             self.drafting_factor.set(policy.cost.drafting_factor())
         cache = engine.prefix_cache
         if cache is not None:
