@@ -20,12 +20,15 @@ import torch
 
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
+from verispec.models import native_linear
 from verispec.models.linear import Linear, fp16_kernel_available, onednn_available
+from verispec.models.native_linear import NativeKernel, native_kernel
 
 SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
     "llama-125m": [(2304, 768), (768, 768), (6144, 768), (768, 3072)],
     "llama-1b": [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)],
     "embedded": [(1024, 512), (512, 512), (2816, 512), (512, 1408)],
+    "smollm2": [(960, 576), (576, 576), (3072, 576), (576, 1536)],
 }
 
 
@@ -55,7 +58,20 @@ def kernels_here() -> list[str]:
         out.insert(1, "onednn")
     if fp16_kernel_available():
         out.insert(2, "fp16")
+    if isinstance(native_kernel(), NativeKernel):
+        out += ["native", "native-fp32"]
     return out
+
+
+def make_linear(kernel: str, weight: torch.Tensor) -> Linear:
+    """One layer on one kernel; "native-fp32" is the native kernel over a float32 packing (what
+    it streams for weights float16 cannot hold), the other names are Linear's own kernels."""
+    if kernel == "int8":
+        return Linear(weight, None, "auto", quantization="int8")
+    linear = Linear(weight, None, "native" if kernel == "native-fp32" else kernel)
+    if kernel == "native-fp32":
+        linear.weight = native_linear.pack(weight, torch.float32)
+    return linear
 
 
 def main() -> None:
@@ -72,11 +88,7 @@ def main() -> None:
         for _ in range(copies)
     ]
     kernels = kernels_here()
-    linears = {
-        k: [[Linear(w, None, k if k != "int8" else "auto", quantization=(
-            "int8" if k == "int8" else None)) for w in ws] for ws in weights]
-        for k in kernels
-    }  # fmt: skip
+    linears = {k: [[make_linear(k, w) for w in ws] for ws in weights] for k in kernels}
     times: dict[tuple[str, int], list[float]] = {(k, m): [] for k in kernels for m in args.rows}
     xs = {m: torch.randn(m, max(i for _, i in layer), generator=gen) for m in args.rows}
 

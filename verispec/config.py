@@ -56,10 +56,11 @@ class EngineConfig:
     seed: int = 0
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"
-    """Kernel for linear layers: auto, torch, onednn (prepacked), or fp16 (float16-stored
-    weights, float32 compute; only for weights float16 holds exactly); the last two float32
-    on CPU only. auto picks fp16, else onednn (torch on Intel CPUs, where MKL is faster), per
-    weight on a float32 CPU, else torch; with compile, torch."""
+    """Kernel for linear layers: auto, torch, onednn (prepacked), fp16 (float16-stored
+    weights, float32 compute; only for weights float16 holds exactly) or native (verispec's
+    own packed kernel, float16-stored where exact; built with the system's C compiler); the
+    last three float32 on CPU only. auto picks native on Intel CPUs (also when compiling),
+    elsewhere fp16, else onednn, per weight on a float32 CPU, else torch."""
     quantization: str | None = None
     """Round the target's linear weights at load: None (off), fp16 or int8 (per channel).
     Output is then lossless with respect to the quantized target, not the checkpoint."""

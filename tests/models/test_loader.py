@@ -122,7 +122,7 @@ def test_config_with_model_type_but_no_architectures(llama_checkpoint, tmp_path)
     del config["architectures"]
     (path / "config.json").write_text(json.dumps(config))
     ids = random_ids(10, config["vocab_size"], seed=3)
-    logits = Runner(load_model(path, torch.float32, CPU)).prefill(ids, num_logits=10)
+    logits = Runner(load_model(path, torch.float32, CPU, "torch")).prefill(ids, num_logits=10)
     assert torch.equal(logits, Runner(native_model(llama_checkpoint)).prefill(ids, num_logits=10))
 
 

@@ -40,6 +40,9 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         return WeightBytes(size, size)
     if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
         return WeightBytes(2 * n + bias, 2 * n + bias)
+    if linear.kernel == "native":  # packed in float16 exactly when the values fit (padding aside)
+        size = n * cast(torch.Tensor, linear.weight).element_size() + bias
+        return WeightBytes(size, size)
     weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias
     least = min(read, 2 * n + bias) if exactly_fp16(weight.float()) else read

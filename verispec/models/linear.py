@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
+from verispec.models import native_linear
+from verispec.models.native_linear import NativeKernel, NativeUnavailable
 from verispec.models.quantization import int8_per_channel, round_to_fp16
 
-LinearBackend = Literal["auto", "torch", "onednn", "fp16"]
-BACKENDS = ("auto", "torch", "onednn", "fp16")
+LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
+BACKENDS = ("auto", "torch", "onednn", "fp16", "native")
 
 
 def onednn_available() -> bool:
@@ -63,18 +65,18 @@ def choose_backend(
     """Check a requested backend against the device and compute dtype (before any weight is read).
 
     "auto" on a float32 CPU model becomes the per-weight choice described in `kernel_for`; with
-    compile, "torch": the prepacked oneDNN and FBGEMM float16 weights are opaque objects that
-    torch.compile cannot trace, while plain weights become the compiler's own library products.
+    compile, "native" where `kernel_for` would pick it (the compiler keeps its operator as one
+    call, native_linear.native_linear_op), else "torch": the prepacked oneDNN and FBGEMM
+    weights are opaque objects torch.compile cannot trace, while plain weights become the
+    compiler's own library products.
     """
     if backend not in BACKENDS:
         raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    if compile:
-        if backend in ("onednn", "fp16"):
-            raise ValueError(
-                f"linear_backend={backend!r} cannot be compiled (its prepacked weights are opaque "
-                "to torch.compile); use linear_backend='auto' or 'torch' with compile"
-            )
-        return "torch"
+    if compile and backend in ("onednn", "fp16"):
+        raise ValueError(
+            f"linear_backend={backend!r} cannot be compiled (its prepacked weights are opaque "
+            "to torch.compile); use linear_backend='auto', 'native' or 'torch' with compile"
+        )
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if backend == "onednn" and not (cpu_fp32 and onednn_available()):
         raise ValueError(
@@ -86,8 +88,19 @@ def choose_backend(
             "the fp16 linear backend computes in float32 on the CPU with float16-stored weights "
             "and needs a torch build with FBGEMM (x86); use linear_backend='torch' or 'auto'"
         )
+    if backend == "native" and not cpu_fp32:
+        raise ValueError(
+            "the native linear backend computes in float32 on the CPU; use linear_backend="
+            "'torch' or 'auto' on other devices and dtypes"
+        )
+    native = native_linear.native_kernel() if backend == "native" else None
+    if isinstance(native, NativeUnavailable):
+        raise ValueError(f"the native linear kernel cannot run here: {native.reason}")
     if backend == "auto" and not cpu_fp32:
         return "torch"
+    if backend == "auto" and compile:
+        native = intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel)
+        return "native" if native else "torch"
     return backend
 
 
@@ -97,15 +110,18 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" rounds the
     weight first, so the rules below then pick the fp16 kernel on a float32 CPU.
 
-    "auto" (float32 CPU): "fp16" when the weight is exactly representable in float16 (it
-    streams half the bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on this
-    AMD CPU, about as fast at 16 rows; benchmarks/linear_kernels.py), else torch's F.linear
-    on an Intel CPU (MKL; see intel_cpu), else prepacked oneDNN where available, else torch.
+    "auto" (float32 CPU): on an Intel CPU, "native" when it builds and runs here (verispec's
+    own kernel, native_linear.py: it streams float32 weights at about the read bandwidth, and
+    float16-exact ones in float16; measured on Intel only, so AMD keeps the choices below).
+    Elsewhere "fp16" when the weight is exactly representable in float16 (it streams half the
+    bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on an AMD EPYC, about as
+    fast at 16 rows; benchmarks/linear_kernels.py), else torch's F.linear on an Intel CPU
+    (MKL; see intel_cpu), else prepacked oneDNN where available, else torch.
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
     if quantization == "int8":
-        if backend not in ("auto", "torch"):
+        if backend in ("onednn", "fp16"):
             raise ValueError(
                 f"quantization='int8' runs its own kernel; linear_backend={backend!r} cannot "
                 "apply, use linear_backend='auto'"
@@ -119,6 +135,8 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
         )
     if backend != "auto":
         return backend
+    if intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel):
+        return "native"
     if fp16_kernel_available() and exactly_fp16(weight):
         return "fp16"
     return "onednn" if onednn_available() and not intel_cpu() else "torch"
@@ -140,9 +158,10 @@ class Linear:
         if quantization == "fp16":
             weight = round_to_fp16(weight)
         self.kernel = kernel_for(backend, weight, quantization)
-        self.row_wise = row_wise
+        self.row_wise = row_wise and self.kernel != "native"
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
-        what a lone decode step computes (kernels may round an n-row product differently)."""
+        what a lone decode step computes (kernels may round an n-row product differently). The
+        native kernel computes every row that way already (row-invariant), so it never splits."""
         self.weight: torch.Tensor | torch.ScriptObject
         self.scale: torch.Tensor | None = None  # [out], int8 only
         if self.kernel == "int8":
@@ -150,6 +169,11 @@ class Linear:
         elif self.kernel == "onednn":
             # Reordered once into oneDNN's blocked layout; the original weight is not kept.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        elif self.kernel == "native":
+            # Packed once into the kernel's blocks: float16 when that holds the values exactly
+            # (half the bytes to stream), else float32. The original weight is not kept.
+            dtype = torch.float16 if exactly_fp16(weight) else torch.float32
+            self.weight = native_linear.pack(weight.detach(), dtype)
         elif self.kernel == "fp16":
             # FBGEMM's packed float16 copy (bias stays float32 inside it); products accumulate
             # in float32, so the result is the float32 product of the same weight values.
@@ -164,6 +188,9 @@ class Linear:
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "native":
+            weight = cast(torch.Tensor, self.weight)
+            return native_linear.product(x, weight, self.bias, self.out_features)
         if self.kernel == "int8":
             y = torch._weight_int8pack_mm(x, self.weight, self.scale)
             return y if self.bias is None else y + self.bias

@@ -1,0 +1,118 @@
+"""The native linear kernel: its packed layout, products against float64 on both instruction
+sets, row invariance (the property batch-invariant mode and verification rely on), and clear
+reasons when it cannot be built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec.models import native_linear
+from verispec.models.linear import Linear, choose_backend, kernel_for
+from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel, pack
+
+CPU = torch.device("cpu")
+KERNEL = native_kernel()
+needs_kernel = pytest.mark.skipif(
+    not isinstance(KERNEL, NativeKernel),
+    reason=f"the native kernel cannot run here: {getattr(KERNEL, 'reason', '')}",
+)
+
+
+def kernels() -> list[NativeKernel]:
+    """The loaded kernel on every instruction set this CPU can run (AVX-512 CPUs run both)."""
+    assert isinstance(KERNEL, NativeKernel)
+    return [NativeKernel(KERNEL.lib, isa) for isa in range(1, KERNEL.isa + 1)]
+
+
+def test_pack_worked_example() -> None:
+    w = torch.arange(6, dtype=torch.float32).view(2, 3)
+    packed = pack(w, torch.float16)
+    assert packed.shape == (1, 1, 16, 16) and packed.dtype == torch.float16
+    assert torch.equal(packed[0, 0, :2, :3].float(), w)
+    assert packed.float().sum() == w.sum()  # the padding is zeros
+    wide = torch.randn(20, 40)  # two row blocks, three column chunks
+    packed = pack(wide, torch.float32)
+    assert packed.shape == (2, 3, 16, 16)
+    assert torch.equal(packed[1, 2, 3, 5], wide[16 + 3, 32 + 5])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("out", "inp"), [(96, 80), (37, 50), (16, 16), (5, 1536)])
+def test_products_match_float64_on_every_instruction_set(
+    dtype: torch.dtype, out: int, inp: int
+) -> None:
+    g = torch.Generator().manual_seed(out * inp)
+    w = (torch.randn(out, inp, generator=g) * 0.05).to(dtype).float()
+    b = torch.randn(out, generator=g)
+    packed = pack(w, dtype)
+    for kernel in kernels():
+        for rows in (1, 2, 3, 5, 8, 17):
+            x = torch.randn(rows, inp, generator=g)
+            got = native_linear._product(kernel, x, packed, b, out)
+            expected = x.double() @ w.double().T + b.double()
+            torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_row_is_its_one_row_product(dtype: torch.dtype) -> None:
+    """Row invariance: a row's result never depends on the call's other rows or its place."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(50, 1536, generator=g).to(dtype).float()
+    packed = pack(w, dtype)
+    x = torch.randn(11, 1536, generator=g)
+    for kernel in kernels():
+        whole = native_linear._product(kernel, x, packed, None, 50)
+        for i in range(11):
+            alone = native_linear._product(kernel, x[i : i + 1], packed, None, 50)
+            assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)
+        shifted = native_linear._product(kernel, x[3:9], packed, None, 50)
+        assert torch.equal(shifted, whole[3:9]), kernel.isa_name
+
+
+@needs_kernel
+def test_batch_invariant_layers_need_no_row_splitting() -> None:
+    linear = Linear(torch.randn(8, 32), None, "native", row_wise=True)
+    assert linear.kernel == "native" and not linear.row_wise
+
+
+@pytest.fixture
+def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty kernel cache and a forgotten kernel, restored afterwards."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    native_kernel.cache_clear()
+    yield tmp_path
+    native_kernel.cache_clear()
+
+
+def test_a_failing_build_says_why_and_auto_falls_back(
+    fresh_build: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CC", "false")
+    reason = native_kernel()
+    assert isinstance(reason, NativeUnavailable) and "failed" in reason.reason
+    with pytest.raises(ValueError, match=r"native linear kernel cannot run here.*failed"):
+        choose_backend("native", CPU, torch.float32)
+    assert kernel_for("auto", torch.randn(8, 4)) != "native"
+
+
+def test_it_can_be_turned_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERISPEC_NATIVE_LINEAR", "0")
+    reason = native_kernel()
+    assert isinstance(reason, NativeUnavailable) and "VERISPEC_NATIVE_LINEAR=0" in reason.reason
+
+
+@needs_kernel
+def test_a_fresh_cache_builds_the_library_once(fresh_build: Path) -> None:
+    assert isinstance(native_kernel(), NativeKernel)
+    built = list((fresh_build / "kernels").glob("linear-*.so"))
+    assert len(built) == 1 and not list((fresh_build / "kernels").glob("tmp*"))
+
+
+def test_it_needs_float32_on_the_cpu() -> None:
+    with pytest.raises(ValueError, match="native linear backend computes in float32 on the CPU"):
+        choose_backend("native", CPU, torch.bfloat16)

@@ -1,0 +1,190 @@
+/* verispec's native linear kernel: y[t, n] = sum_k x[t, k] * W[n, k] (+ b[n]) for the few-row
+ * products of decode and verify steps, with W stored as float32 or float16 in a packed layout
+ * that one pass reads front to back.
+ *
+ * Packed layout of W [N, K] (N and K padded with zeros to multiples of 16):
+ *   packed[b][c][j][l] = W[16 b + j, 16 c + l]      b < N/16, c < K/16, j < 16, l < 16
+ * so the 16 rows of block b lie in one contiguous run, 16 columns at a time.
+ *
+ * Order of work in a block: x row 0 against all 16 rows at once (this pass streams the block
+ * from memory in address order); then the other x rows, in tiles, against groups of the same
+ * rows, now in cache, each weight vector converted once per tile.
+ *
+ * Row invariance: each output is one accumulator (16 lanes, or 2 x 8 on AVX2) that adds the
+ * products of its 16-column chunks in column order, then is reduced by one fixed sequence;
+ * rows of x never share an accumulator. A row's result therefore does not depend on how many
+ * rows the call has, nor on its place among them: a verify row is bit-for-bit the decode step
+ * of the same input.
+ *
+ * Threads: one OpenMP loop over the blocks. Built with -fopenmp, the library links the libgomp
+ * that torch has already loaded (same soname), so torch and this kernel share one pool.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define R 16 /* weight rows per block = columns per chunk */
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---------------------------------------------------------------- AVX-512 (16 lanes) */
+
+#define AVX512 __attribute__((target("avx512f,f16c,fma")))
+
+AVX512 INLINE __m512 w16_f32(const float *w) { return _mm512_loadu_ps(w); }
+AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
+}
+
+/* Rows t0 .. t0 + TN - 1 of x against weight rows g .. g + G - 1 of the block at wb. */
+#define TILE512(NAME, WT, LOAD)                                                            \
+  AVX512 INLINE void NAME(const float *x, const WT *wb, const float *bias, float *y,       \
+                          int64_t K, int64_t ldy, int64_t n0, int64_t rows, int64_t t0,    \
+                          const int g, const int G, const int TN) {                        \
+    __m512 acc[16][4];                                                                     \
+    _Pragma("GCC unroll 16") for (int j = 0; j < G; j++)                                   \
+      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps(); \
+    for (int64_t k = 0; k < K; k += R) {                                                   \
+      __m512 xv[4];                                                                        \
+      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                                 \
+        xv[i] = _mm512_loadu_ps(x + (t0 + i) * K + k);                                     \
+      const WT *wk = wb + k * R + R * g;                                                   \
+      _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {                               \
+        const __m512 wv = LOAD(wk + R * j);                                                \
+        _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                               \
+          acc[j][i] = _mm512_fmadd_ps(wv, xv[i], acc[j][i]);                               \
+      }                                                                                    \
+    }                                                                                      \
+    _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {                                 \
+      const int64_t n = n0 + g + j;                                                        \
+      if (g + j >= rows) break;                                                            \
+      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {                               \
+        const float s = _mm512_reduce_add_ps(acc[j][i]);                                   \
+        y[(t0 + i) * ldy + n] = bias ? s + bias[n] : s;                                    \
+      }                                                                                    \
+    }                                                                                      \
+  }
+
+#define KERNEL512(NAME, TILE, WT)                                                          \
+  AVX512 static void NAME(const float *x, const WT *w, const float *bias, float *y,        \
+                          int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {     \
+    const int64_t blocks = (N + R - 1) / R;                                                \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
+    for (int64_t b = 0; b < blocks; b++) {                                                 \
+      const WT *wb = w + b * R * K;                                                        \
+      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;                            \
+      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);                                 \
+      for (int g = 0; g < R; g += 4) {                                                     \
+        int64_t t0 = 1;                                                                    \
+        for (; t0 + 4 <= T; t0 += 4) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);  \
+        switch (T - t0) {                                                                  \
+          case 3: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;              \
+          case 2: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;              \
+          case 1: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;              \
+          default: break;                                                                  \
+        }                                                                                  \
+      }                                                                                    \
+    }                                                                                      \
+  }
+
+TILE512(tile_f32_avx512, float, w16_f32)
+TILE512(tile_f16_avx512, uint16_t, w16_f16)
+KERNEL512(linear_f32_avx512, tile_f32_avx512, float)
+KERNEL512(linear_f16_avx512, tile_f16_avx512, uint16_t)
+
+/* ---------------------------------------------------------- AVX2 + F16C (2 x 8 lanes) */
+
+#define AVX2 __attribute__((target("avx2,f16c,fma")))
+
+AVX2 INLINE __m256 w8_f32(const float *w) { return _mm256_loadu_ps(w); }
+AVX2 INLINE __m256 w8_f16(const uint16_t *w) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+}
+AVX2 INLINE float reduce8(__m256 lo8, __m256 hi8) {
+  const __m256 v = _mm256_add_ps(lo8, hi8);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+/* AVX2 has 16 vector registers: a tile is at most 8 accumulator pairs (G x TN <= 8... with
+ * G = 8, TN = 1 for row 0; G = 2, TN = 2 for the rest). */
+#define TILE256(NAME, WT, LOAD)                                                            \
+  AVX2 INLINE void NAME(const float *x, const WT *wb, const float *bias, float *y,         \
+                        int64_t K, int64_t ldy, int64_t n0, int64_t rows, int64_t t0,      \
+                        const int g, const int G, const int TN) {                          \
+    __m256 lo[8][2], hi[8][2];                                                             \
+    _Pragma("GCC unroll 8") for (int j = 0; j < G; j++)                                    \
+      _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++)                                 \
+        lo[j][i] = hi[j][i] = _mm256_setzero_ps();                                         \
+    for (int64_t k = 0; k < K; k += R) {                                                   \
+      __m256 x0[2], x1[2];                                                                 \
+      _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {                               \
+        x0[i] = _mm256_loadu_ps(x + (t0 + i) * K + k);                                     \
+        x1[i] = _mm256_loadu_ps(x + (t0 + i) * K + k + 8);                                 \
+      }                                                                                    \
+      const WT *wk = wb + k * R + R * g;                                                   \
+      _Pragma("GCC unroll 8") for (int j = 0; j < G; j++) {                                \
+        const __m256 w0 = LOAD(wk + R * j), w1 = LOAD(wk + R * j + 8);                     \
+        _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {                             \
+          lo[j][i] = _mm256_fmadd_ps(w0, x0[i], lo[j][i]);                                 \
+          hi[j][i] = _mm256_fmadd_ps(w1, x1[i], hi[j][i]);                                 \
+        }                                                                                  \
+      }                                                                                    \
+    }                                                                                      \
+    _Pragma("GCC unroll 8") for (int j = 0; j < G; j++) {                                  \
+      const int64_t n = n0 + g + j;                                                        \
+      if (g + j >= rows) break;                                                            \
+      _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {                               \
+        const float s = reduce8(lo[j][i], hi[j][i]);                                       \
+        y[(t0 + i) * ldy + n] = bias ? s + bias[n] : s;                                    \
+      }                                                                                    \
+    }                                                                                      \
+  }
+
+#define KERNEL256(NAME, TILE, WT)                                                          \
+  AVX2 static void NAME(const float *x, const WT *w, const float *bias, float *y,          \
+                        int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {       \
+    const int64_t blocks = (N + R - 1) / R;                                                \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
+    for (int64_t b = 0; b < blocks; b++) {                                                 \
+      const WT *wb = w + b * R * K;                                                        \
+      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;                            \
+      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 8, 1);                                  \
+      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 8, 8, 1);                                  \
+      for (int g = 0; g < R; g += 2) {                                                     \
+        int64_t t0 = 1;                                                                    \
+        for (; t0 + 2 <= T; t0 += 2) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 2);  \
+        if (t0 < T) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 1);                   \
+      }                                                                                    \
+    }                                                                                      \
+  }
+
+TILE256(tile_f32_avx2, float, w8_f32)
+TILE256(tile_f16_avx2, uint16_t, w8_f16)
+KERNEL256(linear_f32_avx2, tile_f32_avx2, float)
+KERNEL256(linear_f16_avx2, tile_f16_avx2, uint16_t)
+
+/* ------------------------------------------------------------------------ entry points */
+
+/* 2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = neither (the kernel cannot run here). */
+int verispec_linear_isa(void) {
+  __builtin_cpu_init();
+  const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                   __builtin_cpu_supports("fma");
+  if (avx2 && __builtin_cpu_supports("avx512f")) return 2;
+  return avx2 ? 1 : 0;
+}
+
+/* x [T, K] float32 contiguous (K a multiple of 16), w packed as above, bias [N] or NULL,
+ * y [T, ldy] float32; isa as verispec_linear_isa returns it on this machine. */
+void verispec_linear_f32(int isa, const float *x, const float *w, const float *bias, float *y,
+                         int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {
+  if (isa == 2) linear_f32_avx512(x, w, bias, y, T, N, K, ldy, threads);
+  else linear_f32_avx2(x, w, bias, y, T, N, K, ldy, threads);
+}
+
+void verispec_linear_f16(int isa, const float *x, const uint16_t *w, const float *bias,
+                         float *y, int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {
+  if (isa == 2) linear_f16_avx512(x, w, bias, y, T, N, K, ldy, threads);
+  else linear_f16_avx2(x, w, bias, y, T, N, K, ldy, threads);
+}

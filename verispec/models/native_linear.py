@@ -1,0 +1,191 @@
+"""The native linear kernel: a small C library (native/linear.c) built once with the system's
+C compiler and called through ctypes, for the few-row products of decode and verify steps.
+
+Why: on a 2-core CPU a decode step is bound by streaming the weights, and torch's kernels read
+float32 weights at about 0.9 and float16 ones at about 0.6 of what a plain `torch.sum` reads.
+This kernel reads a packed copy front to back, 16 weight rows at a time, and stays near the
+read bandwidth for both (benchmarks/README.md, `linear_kernels.py`). Its results are also
+row-invariant: a row of a verify step is bit-for-bit the decode step of the same input, so the
+batch-invariant mode needs no row-by-row products.
+
+The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
+without a compiler or a CPU with AVX2, F16C and FMA, `native_kernel()` says why and the
+linear layers use torch's kernels instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.models.hub import cache_dir
+
+SOURCE = Path(__file__).with_name("native") / "linear.c"
+ROWS = 16
+"""Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+
+_ISA_NAMES = {1: "avx2", 2: "avx512"}
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """The loaded library and the instruction set it runs with on this CPU."""
+
+    lib: ctypes.CDLL
+    isa: int
+    """2 = AVX-512, 1 = AVX2 + F16C + FMA."""
+
+    @property
+    def isa_name(self) -> str:
+        return _ISA_NAMES[self.isa]
+
+
+@dataclass(frozen=True)
+class NativeUnavailable:
+    """Why the native kernel cannot run here (no compiler, a failed build, an old CPU)."""
+
+    reason: str
+
+
+def _compiler() -> str | None:
+    """$CC when set, else the first of cc, gcc, clang on PATH."""
+    if os.environ.get("CC"):
+        return os.environ["CC"]
+    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+
+
+def library_path(compiler: str) -> Path:
+    """Where the built library is cached: named by a hash of the source, flags and compiler."""
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(" ".join((compiler, *FLAGS)).encode())
+    return cache_dir() / "kernels" / f"linear-{key.hexdigest()[:16]}.so"
+
+
+def build(compiler: str, target: Path) -> None:
+    """Compile the source into target (atomically: concurrent builds never see half a file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", str(out), str(SOURCE)],
+            capture_output=True, text=True, timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip()[-2000:] or f"{compiler} failed")
+        os.replace(out, target)
+
+
+@functools.cache
+def native_kernel() -> NativeKernel | NativeUnavailable:
+    """The native kernel, built and loaded once per process, or why it cannot be.
+
+    Set VERISPEC_NATIVE_LINEAR=0 to turn it off (linear_backend="auto" then picks among torch's
+    kernels as before).
+    """
+    if os.environ.get("VERISPEC_NATIVE_LINEAR", "1") == "0":
+        return NativeUnavailable("turned off by VERISPEC_NATIVE_LINEAR=0")
+    compiler = _compiler()
+    if compiler is None:
+        return NativeUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
+    path = library_path(compiler)
+    try:
+        if not path.exists():
+            build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        return NativeUnavailable(f"building {SOURCE.name} with {compiler} failed: {error}")
+    isa = lib.verispec_linear_isa()
+    if isa not in _ISA_NAMES:
+        return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name in ("verispec_linear_f32", "verispec_linear_f16"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_int, *[pointer] * 4, size, size, size, size, ctypes.c_int]
+        fn.restype = None
+    return NativeKernel(lib, isa)
+
+
+def _padded(n: int) -> int:
+    return -(-n // ROWS) * ROWS
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [N, K] -> the kernel's layout [N'/16, K'/16, 16, 16] in dtype (float32, float16),
+    N and K padded with zeros to N', K', multiples of 16.
+
+    Example: a [2, 3] weight becomes [1, 1, 16, 16] with packed[0, 0, j, l] = weight[j, l] for
+    j < 2, l < 3 and 0 elsewhere.
+    """
+    n, k = weight.shape
+    padded = torch.zeros(_padded(n), _padded(k), dtype=dtype)
+    padded[:n, :k] = weight.to(dtype)
+    return padded.view(-1, ROWS, _padded(k) // ROWS, ROWS).permute(0, 2, 1, 3).contiguous()
+
+
+def product(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """x [T, K] float32 -> x W^T + b [T, N] with W packed by `pack` (so the kernel is loaded).
+
+    Under torch.compile the call goes through the operator `verispec::native_linear`, which the
+    compiler keeps as one opaque call; eager calls skip the operator's dispatch cost.
+    """
+    if torch.compiler.is_compiling():
+        return native_linear_op(x, packed, bias, out_features)
+    return _product(loaded(), x, packed, bias, out_features)
+
+
+def loaded() -> NativeKernel:
+    """The kernel, for callers that hold packed weights (which exist only where it loaded)."""
+    kernel = native_kernel()
+    assert isinstance(kernel, NativeKernel), "packed weights exist only where the kernel loaded"
+    return kernel
+
+
+def _product(
+    kernel: NativeKernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+    out_features: int,
+) -> torch.Tensor:
+    k_padded = packed.shape[1] * ROWS
+    x = x.contiguous()
+    if x.shape[1] != k_padded:
+        x = torch.nn.functional.pad(x, (0, k_padded - x.shape[1]))
+    rows = x.shape[0]
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    if rows == 0:
+        return y
+    fn = kernel.lib.verispec_linear_f16 if packed.dtype == torch.float16 else (
+        kernel.lib.verispec_linear_f32
+    )
+    fn(
+        kernel.isa, x.data_ptr(), packed.data_ptr(),
+        None if bias is None else bias.data_ptr(), y.data_ptr(),
+        rows, out_features, k_padded, out_features, torch.get_num_threads(),
+    )
+    return y
+
+
+@torch.library.custom_op("verispec::native_linear", mutates_args=())
+def native_linear_op(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """`product` as an operator torch.compile can place in a graph."""
+    return _product(loaded(), x, packed, bias, out_features)
+
+
+@native_linear_op.register_fake
+def _fake(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """The operator's output shape, for the compiler's tracing."""
+    return x.new_empty(x.shape[0], out_features)
