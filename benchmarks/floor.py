@@ -11,6 +11,7 @@ See benchmarks/README.md for the columns.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -23,6 +24,7 @@ from verispec.bench.floor import GIB, FloorRow, measure, read_bandwidth
 from verispec.bench.main import print_settings, run_facts
 from verispec.models.default import embedded_model_path
 from verispec.models.hub import pull
+from verispec.models.linear import BACKENDS
 from verispec.models.loader import load_model
 
 MODELS = {  # label -> (path getter, quantization)
@@ -38,16 +40,22 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled")
+    p.add_argument(
+        "--backends", default="auto",
+        help="comma list of linear backends to load each model with (auto, torch, native, fp16, "
+        "onednn), measured one after the other; the mode column names the kernel auto chose",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=20, help="timed rounds per q (medians)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="write {settings, rows} here")
     args = p.parse_args()
     args.models, args.modes = args.models.split(","), args.modes.split(",")
+    args.backends = args.backends.split(",")
     bad = [m for m in args.models if m not in MODELS] + [
         m for m in args.modes if m not in ("eager", "compiled")
-    ]
+    ] + [b for b in args.backends if b not in BACKENDS]
     if bad or args.repeats < 1 or args.threads < 1:
-        p.error(f"unknown models or modes {bad}, or --repeats/--threads below 1")
+        p.error(f"unknown models, modes or backends {bad}, or --repeats/--threads below 1")
     return args
 
 
@@ -59,11 +67,12 @@ def main() -> None:
     rows: list[FloorRow] = []
     for label in args.models:
         path_of, quantization = MODELS[label]
-        for mode in args.modes:
-            model = load_model(path_of(), torch.float32, torch.device("cpu"),
+        for mode, backend in itertools.product(args.modes, args.backends):
+            model = load_model(path_of(), torch.float32, torch.device("cpu"), backend,
                                quantization=quantization, compile=mode == "compiled")  # fmt: skip
-            print(f"measuring {label} ({mode}) ...", file=sys.stderr, flush=True)
-            rows.append(measure(model, label, mode, QS, args.repeats, dram))
+            kernel = f"{mode}, {model.layers[0].gate_up.kernel}"
+            print(f"measuring {label} ({kernel}) ...", file=sys.stderr, flush=True)
+            rows.append(measure(model, label, kernel, QS, args.repeats, dram))
             del model
     settings = {
         "threads": args.threads, "repeats": args.repeats, "context": "256 tokens (warm cache)",
@@ -92,7 +101,7 @@ def print_table(rows: list[FloorRow]) -> None:
 def print_draft_cost(rows: list[FloorRow]) -> None:
     """c = one draft decode step / one target decode step, per mode, for the embedded pair."""
     by = {(r.model, r.mode): r for r in rows}
-    for mode in ("eager", "compiled"):
+    for mode in dict.fromkeys(r.mode for r in rows):
         target, draft = by.get(("embedded-target", mode)), by.get(("embedded-draft", mode))
         if target and draft:
             c = draft.decode_ms / target.decode_ms

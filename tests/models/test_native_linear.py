@@ -4,13 +4,14 @@ reasons when it cannot be built."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
 from verispec.models import native_linear
-from verispec.models.linear import Linear, choose_backend, kernel_for
+from verispec.models.linear import Linear, choose_backend, kernel_for, pack_together
 from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel, pack
 
 CPU = torch.device("cpu")
@@ -116,3 +117,28 @@ def test_a_fresh_cache_builds_the_library_once(fresh_build: Path) -> None:
 def test_it_needs_float32_on_the_cpu() -> None:
     with pytest.raises(ValueError, match="native linear backend computes in float32 on the CPU"):
         choose_backend("native", CPU, torch.bfloat16)
+
+
+def test_the_arena_keeps_values_and_order_on_aligned_huge_pages() -> None:
+    packed = [pack(torch.randn(n, 40), torch.float16) for n in (20, 7, 33)]
+    moved = native_linear.into_arena(packed)
+    assert all(torch.equal(a, b) for a, b in zip(moved, packed, strict=True))
+    assert moved[0].data_ptr() % native_linear.HUGE_PAGE == 0
+    for before, after in itertools.pairwise(moved):  # consecutive, in the order given
+        assert after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+
+
+@needs_kernel
+def test_pack_together_leaves_every_product_unchanged() -> None:
+    g = torch.Generator().manual_seed(5)
+    layers = [
+        Linear(torch.randn(n, k, generator=g).to(dtype).float(), None, "native")
+        for n, k, dtype in ((24, 32, torch.float16), (16, 48, torch.float32), (40, 32, torch.half))
+    ]
+    x = {k: torch.randn(3, k, generator=g) for k in (32, 48)}
+    before = [lin(x[lin.in_features]) for lin in layers]
+    pack_together(layers)
+    first, third = layers[0].weight, layers[2].weight  # float16 ones share an arena, in order
+    assert third.data_ptr() == first.data_ptr() + 2 * first.numel()
+    for lin, y in zip(layers, before, strict=True):
+        assert torch.equal(lin(x[lin.in_features]), y)

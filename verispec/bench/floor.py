@@ -79,7 +79,7 @@ class FloorRow:
     """One model in one mode: weight bytes, the floor, and the measured step times."""
 
     model: str
-    mode: str  # "eager" or "compiled"
+    mode: str  # "eager" or "compiled", then the kernel of the linear layers: "eager, native"
     weights: WeightBytes
     bandwidth: float  # bytes/s, read_bandwidth of as many bytes as the weights need
     dram_bandwidth: float  # bytes/s, read_bandwidth of 1 GiB (beyond every cache), same run

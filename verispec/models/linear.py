@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Literal, cast
 
 import torch
@@ -140,6 +141,19 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     if fp16_kernel_available() and exactly_fp16(weight):
         return "fp16"
     return "onednn" if onednn_available() and not intel_cpu() else "torch"
+
+
+def pack_together(linears: Sequence[Linear]) -> None:
+    """Move the packed weights of the native-kernel layers among linears, in this order (the
+    order a forward runs them), into one arena per dtype (native_linear.into_arena)."""
+    for dtype in (torch.float16, torch.float32):
+        native = [
+            lin for lin in linears
+            if lin.kernel == "native" and cast(torch.Tensor, lin.weight).dtype == dtype
+        ]  # fmt: skip
+        moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in native])
+        for lin, weight in zip(native, moved, strict=True):
+            lin.weight = weight
 
 
 class Linear:

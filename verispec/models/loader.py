@@ -15,7 +15,7 @@ from verispec.models.default import shipped_head
 from verispec.models.gguf import is_gguf, read_gguf
 from verispec.models.gguf_cache import cached_checkpoint
 from verispec.models.hub import named_model_path
-from verispec.models.linear import Linear, LinearBackend, choose_backend
+from verispec.models.linear import Linear, LinearBackend, choose_backend, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.quantization import check_quantization
 
@@ -238,7 +238,9 @@ def build_model(
             raise ValueError(f"{source} lacks tensor 'lm_head.weight'")
         head = embed
     final_norm = take("model.norm.weight")
-    return LlamaModel(config, embed, layers, final_norm, linear(head, None), batch_invariant)
+    lm_head = linear(head, None)
+    pack_together([lin for la in layers for lin in (la.qkv, la.o, la.gate_up, la.down)] + [lm_head])
+    return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant)
 
 
 def _read_safetensors(
