@@ -21,7 +21,12 @@ import torch
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.models import native_linear
-from verispec.models.linear import Linear, fp16_kernel_available, onednn_available
+from verispec.models.linear import (
+    Linear,
+    fp16_kernel_available,
+    onednn_available,
+    pack_together,
+)
 from verispec.models.native_linear import NativeKernel, native_kernel
 
 SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
@@ -89,6 +94,9 @@ def main() -> None:
     ]
     kernels = kernels_here()
     linears = {k: [[make_linear(k, w) for w in ws] for ws in weights] for k in kernels}
+    for k in ("native", "native-fp32"):  # in one huge-page arena, in pass order, as a model has
+        if k in linears:
+            pack_together([lin for layer_linears in linears[k] for lin in layer_linears])
     times: dict[tuple[str, int], list[float]] = {(k, m): [] for k in kernels for m in args.rows}
     xs = {m: torch.randn(m, max(i for _, i in layer), generator=gen) for m in args.rows}
 

@@ -142,3 +142,15 @@ def test_pack_together_leaves_every_product_unchanged() -> None:
     assert third.data_ptr() == first.data_ptr() + 2 * first.numel()
     for lin, y in zip(layers, before, strict=True):
         assert torch.equal(lin(x[lin.in_features]), y)
+
+
+@needs_kernel
+def test_long_inputs_split_into_calls_without_changing_a_row() -> None:
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(24, 64, generator=g)
+    packed = pack(w, torch.float32)
+    x = torch.randn(native_linear.CHUNK_ROWS * 2 + 5, 64, generator=g)
+    whole = native_linear.product(x, packed, None, 24)
+    for i in (0, native_linear.CHUNK_ROWS - 1, native_linear.CHUNK_ROWS, x.shape[0] - 1):
+        assert torch.equal(native_linear.product(x[i : i + 1], packed, None, 24)[0], whole[i])
+    torch.testing.assert_close(whole.double(), x.double() @ w.double().T, atol=2e-5, rtol=0)

@@ -36,7 +36,7 @@ from verispec.models.attention import AttentionLayout
 from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
-from verispec.models.linear import Linear
+from verispec.models.linear import Linear, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
 
@@ -189,6 +189,8 @@ class EagleHead:
         )  # fmt: skip
         self.norm = floats["norm.weight"]
         self.lm_head = linear("lm_head.weight")
+        la = self.layer
+        pack_together([self.fc, la.qkv, la.o, la.gate_up, la.down, self.lm_head])
         offsets = w["d2t"].to(torch.int64)  # [draft vocab]
         self.draft_to_target = torch.arange(len(offsets), device=self.device) + offsets
         """[draft vocab] int64: the target id of each draft id."""

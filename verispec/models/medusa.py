@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from verispec.models.eagle import check_draft_ids
 from verispec.models.head_files import read_head_dir, write_head_dir
-from verispec.models.linear import Linear
+from verispec.models.linear import Linear, pack_together
 from verispec.models.llama import LlamaModel, rms_norm
 
 ARCHITECTURE = "MedusaHeads"
@@ -94,6 +94,7 @@ class MedusaHeads:
         self.blocks = [linear(tensor(f"{i}.0.linear.weight"), tensor(f"{i}.0.linear.bias"))
                        for i in range(config.num_heads)]  # fmt: skip
         self.heads = [linear(tensor(f"{i}.1.weight"), None) for i in range(config.num_heads)]
+        pack_together([lin for pair in zip(self.blocks, self.heads, strict=True) for lin in pair])
         offsets = weights["d2t"].to(self.device, torch.int64)
         self.draft_to_target = torch.arange(len(offsets), device=self.device) + offsets
         check_draft_ids(self.draft_to_target, config.vocab_size)

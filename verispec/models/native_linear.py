@@ -32,6 +32,10 @@ from verispec.models.hub import cache_dir
 SOURCE = Path(__file__).with_name("native") / "linear.c"
 ROWS = 16
 """Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
+CHUNK_ROWS = 128
+"""Rows of x per kernel call: every weight block re-reads the call's rows, which must stay in
+the core's cache (512-row prefill chunks ran 1.2x faster split in four; rows are independent,
+so splitting changes no result)."""
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 
 _ISA_NAMES = {1: "avx2", 2: "avx512"}
@@ -173,6 +177,13 @@ def _advise_huge_pages(address: int, size: int) -> None:
         pass
 
 
+def unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The inverse of `pack`: packed [N'/16, K'/16, 16, 16] -> W [N, K] float32."""
+    blocks, chunks = packed.shape[:2]
+    rows = packed.permute(0, 2, 1, 3).reshape(blocks * ROWS, chunks * ROWS)
+    return rows[:out_features, :in_features].float()
+
+
 def product(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
@@ -208,11 +219,13 @@ def _product(
     fn = kernel.lib.verispec_linear_f16 if packed.dtype == torch.float16 else (
         kernel.lib.verispec_linear_f32
     )
-    fn(
-        kernel.isa, x.data_ptr(), packed.data_ptr(),
-        None if bias is None else bias.data_ptr(), y.data_ptr(),
-        rows, out_features, k_padded, out_features, torch.get_num_threads(),
-    )
+    bias_ptr = None if bias is None else bias.data_ptr()
+    for start in range(0, rows, CHUNK_ROWS):  # x rows a call re-reads from cache per block
+        n = min(CHUNK_ROWS, rows - start)
+        fn(
+            kernel.isa, x[start].data_ptr(), packed.data_ptr(), bias_ptr, y[start].data_ptr(),
+            n, out_features, k_padded, out_features, torch.get_num_threads(),
+        )
     return y
 
 

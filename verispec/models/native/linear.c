@@ -39,24 +39,24 @@ AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
   AVX512 INLINE void NAME(const float *x, const WT *wb, const float *bias, float *y,       \
                           int64_t K, int64_t ldy, int64_t n0, int64_t rows, int64_t t0,    \
                           const int g, const int G, const int TN) {                        \
-    __m512 acc[16][4];                                                                     \
+    __m512 acc[16][6];                                                                     \
     _Pragma("GCC unroll 16") for (int j = 0; j < G; j++)                                   \
-      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps(); \
+      _Pragma("GCC unroll 6") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps(); \
     for (int64_t k = 0; k < K; k += R) {                                                   \
-      __m512 xv[4];                                                                        \
-      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                                 \
+      __m512 xv[6];                                                                        \
+      _Pragma("GCC unroll 6") for (int i = 0; i < TN; i++)                                 \
         xv[i] = _mm512_loadu_ps(x + (t0 + i) * K + k);                                     \
       const WT *wk = wb + k * R + R * g;                                                   \
       _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {                               \
         const __m512 wv = LOAD(wk + R * j);                                                \
-        _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)                               \
+        _Pragma("GCC unroll 6") for (int i = 0; i < TN; i++)                               \
           acc[j][i] = _mm512_fmadd_ps(wv, xv[i], acc[j][i]);                               \
       }                                                                                    \
     }                                                                                      \
     _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {                                 \
       const int64_t n = n0 + g + j;                                                        \
       if (g + j >= rows) break;                                                            \
-      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {                               \
+      _Pragma("GCC unroll 6") for (int i = 0; i < TN; i++) {                               \
         const float s = _mm512_reduce_add_ps(acc[j][i]);                                   \
         y[(t0 + i) * ldy + n] = bias ? s + bias[n] : s;                                    \
       }                                                                                    \
@@ -74,8 +74,10 @@ AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
       TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);                                 \
       for (int g = 0; g < R; g += 4) {                                                     \
         int64_t t0 = 1;                                                                    \
-        for (; t0 + 4 <= T; t0 += 4) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);  \
+        for (; t0 + 6 <= T; t0 += 6) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 6);  \
         switch (T - t0) {                                                                  \
+          case 5: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 5); break;              \
+          case 4: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 4); break;              \
           case 3: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;              \
           case 2: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;              \
           case 1: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;              \
