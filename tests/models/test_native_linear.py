@@ -5,6 +5,7 @@ reasons when it cannot be built."""
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 
 import pytest
@@ -91,11 +92,13 @@ def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_failing_build_says_why_and_auto_falls_back(
-    fresh_build: Path, monkeypatch: pytest.MonkeyPatch
+    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("CC", "false")
-    reason = native_kernel()
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        reason = native_kernel()
     assert isinstance(reason, NativeUnavailable) and "failed" in reason.reason
+    assert "native linear kernel cannot run here" in caplog.text
     with pytest.raises(ValueError, match=r"native linear kernel cannot run here.*failed"):
         choose_backend("native", CPU, torch.float32)
     assert kernel_for("auto", torch.randn(8, 4)) != "native"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ so splitting changes no result)."""
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 
 _ISA_NAMES = {1: "avx2", 2: "avx512"}
+log = logging.getLogger("verispec")
 
 
 @dataclass(frozen=True)
@@ -91,13 +93,23 @@ def build(compiler: str, target: Path) -> None:
 
 @functools.cache
 def native_kernel() -> NativeKernel | NativeUnavailable:
-    """The native kernel, built and loaded once per process, or why it cannot be.
+    """The native kernel, built and loaded once per process, or why it cannot be (logged once
+    as a warning: linear layers then run torch's kernels, slower on Intel CPUs).
 
     Set VERISPEC_NATIVE_LINEAR=0 to turn it off (linear_backend="auto" then picks among torch's
     kernels as before).
     """
     if os.environ.get("VERISPEC_NATIVE_LINEAR", "1") == "0":
         return NativeUnavailable("turned off by VERISPEC_NATIVE_LINEAR=0")
+    result = _load()
+    if isinstance(result, NativeUnavailable):
+        log.warning("the native linear kernel cannot run here (%s); using torch's kernels",
+                    result.reason)  # fmt: skip
+    return result
+
+
+def _load() -> NativeKernel | NativeUnavailable:
+    """Build (when not cached) and load the library, and check the CPU."""
     compiler = _compiler()
     if compiler is None:
         return NativeUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
