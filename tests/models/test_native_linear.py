@@ -157,3 +157,56 @@ def test_long_inputs_split_into_calls_without_changing_a_row() -> None:
     for i in (0, native_linear.CHUNK_ROWS - 1, native_linear.CHUNK_ROWS, x.shape[0] - 1):
         assert torch.equal(native_linear.product(x[i : i + 1], packed, None, 24)[0], whole[i])
     torch.testing.assert_close(whole.double(), x.double() @ w.double().T, atol=2e-5, rtol=0)
+
+
+def gguf_like(rows: int, chunks: int, seed: int) -> torch.Tensor:
+    """Q4_1-style values: per 32 columns d * q + m with float16 d and m, q in 0..15."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(rows, chunks, 1, generator=g) * 0.05).half().float()
+    m = (-torch.rand(rows, chunks, 1, generator=g) * 0.4).half().float()
+    q = torch.randint(0, 16, (rows, chunks, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # as the quantizer leaves them: min and max of each block
+    return (d * q + m).view(rows, chunks * 32)
+
+
+def test_affine_codes_worked_examples() -> None:
+    q8 = torch.zeros(1, 32)
+    q8[0, :3] = torch.tensor([15.875, -0.25, 0.0])
+    codes = native_linear.affine_codes(q8)
+    assert codes is not None and codes.codes[0, :3].tolist() == [127, -2, 0]
+    assert codes.d.item() == 0.125 and codes.m.item() == 0.0
+    q41 = torch.full((1, 32), -1.0)
+    q41[0, :3] = torch.tensor([-1.0, 2.75, 0.0])
+    codes = native_linear.affine_codes(q41)
+    assert codes is not None and codes.codes[0, :3].tolist() == [0, 15, 4]
+    assert (codes.d.item(), codes.m.item()) == (0.25, -1.0)
+    assert native_linear.affine_codes(torch.randn(4, 64)) is None  # plain float weights
+    assert native_linear.affine_codes(gguf_like(4, 2, 0)[:, :40]) is None  # rows of 40
+
+
+def test_affine_codes_rebuild_every_value_exactly() -> None:
+    w = gguf_like(20, 3, 1)
+    codes = native_linear.affine_codes(w)
+    assert codes is not None
+    rebuilt = codes.d.repeat_interleave(32, 1) * codes.codes.float() + codes.m.repeat_interleave(
+        32, 1
+    )
+    assert torch.equal(rebuilt, w)
+
+
+@needs_kernel
+def test_coded_products_match_float64_and_are_row_invariant() -> None:
+    w = gguf_like(37, 3, 2)
+    bias = torch.randn(37)
+    linear = Linear(w, bias, "native")
+    assert linear.weight.dtype == torch.int8 and linear.native_scales is not None
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 96, generator=g)
+    packed, scales = linear.weight, linear.native_scales
+    for kernel in kernels():
+        whole = native_linear._product(kernel, x, packed, bias, 37, scales)
+        expected = x.double() @ w.double().T + bias.double()
+        torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
+        for i in range(9):
+            alone = native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)
+            assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)

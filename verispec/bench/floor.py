@@ -40,8 +40,11 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         return WeightBytes(size, size)
     if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
         return WeightBytes(2 * n + bias, 2 * n + bias)
-    if linear.kernel == "native":  # packed in float16 exactly when the values fit (padding aside)
+    if linear.kernel == "native":  # the fewest bytes that hold the values exactly (padding aside)
         size = n * cast(torch.Tensor, linear.weight).element_size() + bias
+        if linear.native_scales is not None:  # 8-bit affine codes (padded) + d, m per 32 columns
+            codes = cast(torch.Tensor, linear.weight).numel()
+            size = codes + 4 * linear.native_scales.numel() + bias
         return WeightBytes(size, size)
     weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias

@@ -145,15 +145,18 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
-    order a forward runs them), into one arena per dtype (native_linear.into_arena)."""
-    for dtype in (torch.float16, torch.float32):
-        native = [
-            lin for lin in linears
-            if lin.kernel == "native" and cast(torch.Tensor, lin.weight).dtype == dtype
-        ]  # fmt: skip
-        moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in native])
-        for lin, weight in zip(native, moved, strict=True):
+    order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
+    m of affine codes go into one more."""
+    native = [lin for lin in linears if lin.kernel == "native"]
+    for dtype in (torch.int8, torch.float16, torch.float32):
+        some = [lin for lin in native if cast(torch.Tensor, lin.weight).dtype == dtype]
+        moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in some])
+        for lin, weight in zip(some, moved, strict=True):
             lin.weight = weight
+    coded = [lin for lin in native if lin.native_scales is not None]
+    moved = native_linear.into_arena([cast(torch.Tensor, lin.native_scales) for lin in coded])
+    for lin, scales in zip(coded, moved, strict=True):
+        lin.native_scales = scales
 
 
 class Linear:
@@ -178,16 +181,22 @@ class Linear:
         native kernel computes every row that way already (row-invariant), so it never splits."""
         self.weight: torch.Tensor | torch.ScriptObject
         self.scale: torch.Tensor | None = None  # [out], int8 only
+        self.native_scales: torch.Tensor | None = None  # d and m of affine codes, native only
         if self.kernel == "int8":
             self.weight, self.scale = int8_per_channel(weight.detach())
         elif self.kernel == "onednn":
             # Reordered once into oneDNN's blocked layout; the original weight is not kept.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         elif self.kernel == "native":
-            # Packed once into the kernel's blocks: float16 when that holds the values exactly
-            # (half the bytes to stream), else float32. The original weight is not kept.
-            dtype = torch.float16 if exactly_fp16(weight) else torch.float32
-            self.weight = native_linear.pack(weight.detach(), dtype)
+            # Packed once into the kernel's blocks, in the fewest bytes that hold every value
+            # exactly: 8-bit affine codes (1.25 bytes a weight; dequantized GGUF blocks), else
+            # float16, else float32. The original weight is not kept.
+            codes = native_linear.affine_codes(weight.detach())
+            if codes is not None:
+                self.weight, self.native_scales = native_linear.pack_codes(codes)
+            else:
+                dtype = torch.float16 if exactly_fp16(weight) else torch.float32
+                self.weight = native_linear.pack(weight.detach(), dtype)
         elif self.kernel == "fp16":
             # FBGEMM's packed float16 copy (bias stays float32 inside it); products accumulate
             # in float32, so the result is the float32 product of the same weight values.
@@ -204,7 +213,8 @@ class Linear:
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "native":
             weight = cast(torch.Tensor, self.weight)
-            return native_linear.product(x, weight, self.bias, self.out_features)
+            return native_linear.product(x, weight, self.bias, self.out_features,
+                                         self.native_scales)  # fmt: skip
         if self.kernel == "int8":
             y = torch._weight_int8pack_mm(x, self.weight, self.scale)
             return y if self.bias is None else y + self.bias

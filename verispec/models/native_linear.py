@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +129,9 @@ def _load() -> NativeKernel | NativeUnavailable:
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_int, *[pointer] * 4, size, size, size, size, ctypes.c_int]
         fn.restype = None
+    lib.verispec_linear_q8.argtypes = [ctypes.c_int, *[pointer] * 5, size, size, size, size,
+                                       ctypes.c_int]  # fmt: skip
+    lib.verispec_linear_q8.restype = None
     return NativeKernel(lib, isa)
 
 
@@ -189,6 +193,97 @@ def _advise_huge_pages(address: int, size: int) -> None:
         pass
 
 
+CODE_COLUMNS = 32
+"""Columns per (d, m) pair of affine codes: a GGUF quantization block."""
+
+
+@dataclass(frozen=True)
+class AffineCodes:
+    """W [N, K] as w = d * q + m per row and 32-column chunk, exactly: codes q [N, K'] int8,
+    d and m [N, K'/32] float32 (K padded with zeros to K', a multiple of 32)."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+
+def affine_codes(weight: torch.Tensor) -> AffineCodes | None:
+    """Int8 codes that rebuild every float32 value of weight bit for bit, or None.
+
+    Each 32-value chunk of a row is tried as d * q with |q| <= 127 (GGUF Q8_0: d = max |w| /
+    127) and as d * q + m with 0 <= q <= 15 (Q4_1: m = the minimum, d the float16 nearest
+    (max - min) / 15 or a neighbour). A chunk is kept only if d * q is exact in float32 (d is
+    a float16 value, so it is) and d * q + m equals the weight; one failing chunk returns None.
+    Examples: a chunk [15.875, -0.25, 0, ...] is Q8_0-like: d = 15.875 / 127 = 0.125, codes
+    127, -2, 0; a chunk [-1.0, 2.75, 0.0, ...] is Q4_1-like: m = -1, d = 3.75 / 15 = 0.25,
+    codes 0, 15, 4. Weights of float checkpoints fail in their first chunk, tried alone first;
+    so do rows whose length is no multiple of 32 (the zeros padding the last chunk do not fit).
+    """
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or n == 0 or k == 0:
+        return None
+    first = _affine(weight[:1, : min(k, CODE_COLUMNS)], range(len(_FORMS)))
+    if first is None:
+        return None
+    whole = _affine(weight, (first[1], *(i for i in range(len(_FORMS)) if i != first[1])))
+    return None if whole is None else whole[0]
+
+
+_FORMS = ((-127, 127, None), (0, 15, 0), (0, 15, 1), (0, 15, -1))
+"""(lowest code, highest code, float16 step from (max - min) / 15 or None for Q8_0's d)."""
+
+
+def _affine(weight: torch.Tensor, order: Sequence[int]) -> tuple[AffineCodes, int] | None:
+    """affine_codes over the forms in order, each only for chunks no earlier form fit; also
+    the form that fit the first chunk (to try first on a whole weight)."""
+    n, k = weight.shape
+    padded = -(-k // CODE_COLUMNS) * CODE_COLUMNS
+    w = torch.nn.functional.pad(weight, (0, padded - k)).view(n, -1, CODE_COLUMNS)  # [N, C, 32]
+    codes = torch.zeros_like(w, dtype=torch.int8)
+    d_out = torch.zeros(n, w.shape[1], 1)
+    m_out = torch.zeros_like(d_out)
+    done = torch.zeros(d_out.shape, dtype=torch.bool)
+    first_form = -1
+    for form in order:
+        lo, hi, step = _FORMS[form]
+        if step is None:  # Q8_0: d = max |w| / 127, m = 0
+            d = (w.abs().amax(-1, keepdim=True) / 127).half().float()
+            m = torch.zeros_like(d)
+        else:  # Q4_1: m = the minimum, d = (max - min) / 15 in float16, or a neighbour
+            m = w.amin(-1, keepdim=True)
+            d16 = ((w.amax(-1, keepdim=True) - m) / 15).half()
+            d = (d16.view(torch.int16) + step).view(torch.float16).float()
+            m = m.half().float()
+        safe = torch.where(d == 0, torch.ones_like(d), d)
+        q = torch.round((w - m) / safe).clamp_(lo, hi)
+        q = torch.where(d == 0, torch.zeros_like(q), q)
+        fits = ((d * q + m) == w).all(-1, keepdim=True) & ~done  # [N, C, 1]
+        if first_form < 0 and bool(fits[0, 0]):
+            first_form = form
+        codes = torch.where(fits, q.to(torch.int8), codes)
+        d_out, m_out = torch.where(fits, d, d_out), torch.where(fits, m, m_out)
+        done |= fits
+        if bool(done.all()):
+            return AffineCodes(codes.view(n, padded), d_out.view(n, -1), m_out.view(n, -1)), (
+                first_form
+            )
+    return None
+
+
+def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
+    2, 16] float32: d then m of the block's 16 rows), N padded with zero rows."""
+    n, k = codes.codes.shape
+    rows = _padded(n)
+    q = torch.zeros(rows, k, dtype=torch.int8)
+    q[:n] = codes.codes
+    dm = torch.zeros(2, rows, k // CODE_COLUMNS)
+    dm[0, :n], dm[1, :n] = codes.d, codes.m
+    packed = q.view(-1, ROWS, k // CODE_COLUMNS, CODE_COLUMNS).permute(0, 2, 1, 3).contiguous()
+    scales = dm.view(2, -1, ROWS, k // CODE_COLUMNS).permute(1, 3, 0, 2).contiguous()
+    return packed, scales
+
+
 def unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """The inverse of `pack`: packed [N'/16, K'/16, 16, 16] -> W [N, K] float32."""
     blocks, chunks = packed.shape[:2]
@@ -197,16 +292,18 @@ def unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.T
 
 
 def product(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [T, K] float32 -> x W^T + b [T, N] with W packed by `pack` (so the kernel is loaded).
+    """x [T, K] float32 -> x W^T + b [T, N] with W packed by `pack`, or by `pack_codes` (then
+    packed holds the codes and scales their d and m); the kernel is loaded where these exist.
 
     Under torch.compile the call goes through the operator `verispec::native_linear`, which the
     compiler keeps as one opaque call; eager calls skip the operator's dispatch cost.
     """
     if torch.compiler.is_compiling():
-        return native_linear_op(x, packed, bias, out_features)
-    return _product(loaded(), x, packed, bias, out_features)
+        return native_linear_op(x, packed, bias, out_features, scales)
+    return _product(loaded(), x, packed, bias, out_features, scales)
 
 
 def loaded() -> NativeKernel:
@@ -218,40 +315,44 @@ def loaded() -> NativeKernel:
 
 def _product(
     kernel: NativeKernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-    out_features: int,
+    out_features: int, scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    k_padded = packed.shape[1] * ROWS
+    columns = packed.shape[1] * packed.shape[3]  # K'
     x = x.contiguous()
-    if x.shape[1] != k_padded:
-        x = torch.nn.functional.pad(x, (0, k_padded - x.shape[1]))
+    if x.shape[1] != columns:
+        x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
     rows = x.shape[0]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    if rows == 0:
-        return y
-    fn = kernel.lib.verispec_linear_f16 if packed.dtype == torch.float16 else (
-        kernel.lib.verispec_linear_f32
-    )
     bias_ptr = None if bias is None else bias.data_ptr()
     for start in range(0, rows, CHUNK_ROWS):  # x rows a call re-reads from cache per block
         n = min(CHUNK_ROWS, rows - start)
-        fn(
-            kernel.isa, x[start].data_ptr(), packed.data_ptr(), bias_ptr, y[start].data_ptr(),
-            n, out_features, k_padded, out_features, torch.get_num_threads(),
-        )
+        shape = (n, out_features, columns, out_features, torch.get_num_threads())
+        if scales is not None:
+            kernel.lib.verispec_linear_q8(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
+                                          scales.data_ptr(), bias_ptr, y[start].data_ptr(),
+                                          *shape)  # fmt: skip
+        elif packed.dtype == torch.float16:
+            kernel.lib.verispec_linear_f16(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
+                                           bias_ptr, y[start].data_ptr(), *shape)  # fmt: skip
+        else:
+            kernel.lib.verispec_linear_f32(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
+                                           bias_ptr, y[start].data_ptr(), *shape)  # fmt: skip
     return y
 
 
 @torch.library.custom_op("verispec::native_linear", mutates_args=())
 def native_linear_op(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`product` as an operator torch.compile can place in a graph."""
-    return _product(loaded(), x, packed, bias, out_features)
+    return _product(loaded(), x, packed, bias, out_features, scales)
 
 
 @native_linear_op.register_fake
 def _fake(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The operator's output shape, for the compiler's tracing."""
     return x.new_empty(x.shape[0], out_features)

@@ -166,6 +166,140 @@ TILE256(tile_f16_avx2, uint16_t, w8_f16)
 KERNEL256(linear_f32_avx2, tile_f32_avx2, float)
 KERNEL256(linear_f16_avx2, tile_f16_avx2, uint16_t)
 
+/* ------------------------------------------- affine 8-bit codes: w = d * q + m, exactly */
+
+/* Codes layout for W [N, K] (N padded to 16, K to 32): codes[b][c][j][l] = q of W[16 b + j,
+ * 32 c + l] (int8), scales[b][c][0][j] = d and scales[b][c][1][j] = m of that row's 32 columns
+ * (float32). fma(d, q, m) is d * q + m rounded once; the packer (native_linear.affine_codes)
+ * only uses codes where d * q is exact in float32 and the result equals the weight bit for bit,
+ * so this reads the very same weights in 1.25 bytes each (GGUF Q4_1 and Q8_0 blocks dequantized
+ * to float32 are of this form). Per output: one accumulator, each 32-column chunk added as its
+ * first 16 then its last 16 columns (AVX2: 4 x 8, alternating two accumulators). */
+
+#define QC 32 /* columns per chunk */
+
+AVX512 INLINE __m512 q16(const int8_t *q, __m512 d, __m512 m) {
+  const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+  return _mm512_fmadd_ps(d, qf, m);
+}
+
+AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
+                                  const float *bias, float *y, int64_t K, int64_t ldy,
+                                  int64_t n0, int64_t rows, int64_t t0, const int g,
+                                  const int G, const int TN) {
+  __m512 acc[16][4];
+  _Pragma("GCC unroll 16") for (int j = 0; j < G; j++)
+    _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps();
+  const int64_t chunks = K / QC;
+  for (int64_t c = 0; c < chunks; c++) {
+    const int8_t *qc = cb + c * R * QC;
+    const float *sc = sb + c * 2 * R;
+    __m512 x0[4], x1[4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
+      x0[i] = _mm512_loadu_ps(x + (t0 + i) * K + c * QC);
+      x1[i] = _mm512_loadu_ps(x + (t0 + i) * K + c * QC + 16);
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
+      const __m512 d = _mm512_set1_ps(sc[g + j]), m = _mm512_set1_ps(sc[R + g + j]);
+      const __m512 w0 = q16(qc + (g + j) * QC, d, m), w1 = q16(qc + (g + j) * QC + 16, d, m);
+      _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
+        acc[j][i] = _mm512_fmadd_ps(w0, x0[i], acc[j][i]);
+        acc[j][i] = _mm512_fmadd_ps(w1, x1[i], acc[j][i]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
+    const int64_t n = n0 + g + j;
+    if (g + j >= rows) break;
+    _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
+      const float s = _mm512_reduce_add_ps(acc[j][i]);
+      y[(t0 + i) * ldy + n] = bias ? s + bias[n] : s;
+    }
+  }
+}
+
+AVX512 static void linear_q8_avx512(const float *x, const int8_t *codes, const float *scales,
+                                    const float *bias, float *y, int64_t T, int64_t N,
+                                    int64_t K, int64_t ldy, int threads) {
+  const int64_t blocks = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int8_t *cb = codes + b * R * K;
+    const float *sb = scales + b * 2 * R * (K / QC);
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);
+    for (int g = 0; g < R; g += 4) {
+      int64_t t0 = 1;
+      for (; t0 + 4 <= T; t0 += 4) tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);
+      switch (T - t0) {
+        case 3: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;
+        case 2: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;
+        case 1: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;
+        default: break;
+      }
+    }
+  }
+}
+
+AVX2 INLINE __m256 q8x8(const int8_t *q, __m256 d, __m256 m) {
+  const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+  return _mm256_fmadd_ps(d, qf, m);
+}
+
+/* AVX2: per chunk, its four 8-column pieces in order; even pieces add into lo, odd into hi. */
+AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
+                              const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
+                              int64_t rows, int64_t t0, const int g, const int G,
+                              const int TN) {
+  __m256 lo[4][2], hi[4][2];
+  _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
+    _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) lo[j][i] = hi[j][i] = _mm256_setzero_ps();
+  const int64_t chunks = K / QC;
+  for (int64_t c = 0; c < chunks; c++) {
+    const int8_t *qc = cb + c * R * QC;
+    const float *sc = sb + c * 2 * R;
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+      __m256 w[4];
+      _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
+        w[j] = q8x8(qc + (g + j) * QC + 8 * p, _mm256_set1_ps(sc[g + j]),
+                    _mm256_set1_ps(sc[R + g + j]));
+      _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {
+        const __m256 xv = _mm256_loadu_ps(x + (t0 + i) * K + c * QC + 8 * p);
+        _Pragma("GCC unroll 4") for (int j = 0; j < G; j++) {
+          if (p % 2 == 0) lo[j][i] = _mm256_fmadd_ps(w[j], xv, lo[j][i]);
+          else hi[j][i] = _mm256_fmadd_ps(w[j], xv, hi[j][i]);
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 4") for (int j = 0; j < G; j++) {
+    const int64_t n = n0 + g + j;
+    if (g + j >= rows) break;
+    _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {
+      const float s = reduce8(lo[j][i], hi[j][i]);
+      y[(t0 + i) * ldy + n] = bias ? s + bias[n] : s;
+    }
+  }
+}
+
+AVX2 static void linear_q8_avx2(const float *x, const int8_t *codes, const float *scales,
+                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                                int64_t ldy, int threads) {
+  const int64_t blocks = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int8_t *cb = codes + b * R * K;
+    const float *sb = scales + b * 2 * R * (K / QC);
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    for (int g = 0; g < R; g += 4) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1);
+    for (int g = 0; g < R; g += 2) {
+      int64_t t0 = 1;
+      for (; t0 + 2 <= T; t0 += 2) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 2);
+      if (t0 < T) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 1);
+    }
+  }
+}
+
 /* ------------------------------------------------------------------------ entry points */
 
 /* 2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = neither (the kernel cannot run here). */
@@ -189,4 +323,12 @@ void verispec_linear_f16(int isa, const float *x, const uint16_t *w, const float
                          float *y, int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {
   if (isa == 2) linear_f16_avx512(x, w, bias, y, T, N, K, ldy, threads);
   else linear_f16_avx2(x, w, bias, y, T, N, K, ldy, threads);
+}
+
+/* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above. */
+void verispec_linear_q8(int isa, const float *x, const int8_t *codes, const float *scales,
+                        const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                        int64_t ldy, int threads) {
+  if (isa == 2) linear_q8_avx512(x, codes, scales, bias, y, T, N, K, ldy, threads);
+  else linear_q8_avx2(x, codes, scales, bias, y, T, N, K, ldy, threads);
 }
