@@ -201,12 +201,13 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     linear = Linear(w, bias, "native")
     assert linear.weight.dtype == torch.int8 and linear.native_scales is not None
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(9, 96, generator=g)
+    x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
     packed, scales = linear.weight, linear.native_scales
     for kernel in kernels():
-        whole = native_linear._product(kernel, x, packed, bias, 37, scales)
-        expected = x.double() @ w.double().T + bias.double()
-        torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
-        for i in range(9):
+        for rows in (9, 40):
+            whole = native_linear._product(kernel, x[:rows], packed, bias, 37, scales)
+            expected = x[:rows].double() @ w.double().T + bias.double()
+            torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
+        for i in range(40):
             alone = native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)
             assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)

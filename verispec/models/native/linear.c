@@ -21,6 +21,7 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define R 16 /* weight rows per block = columns per chunk */
 #define INLINE static inline __attribute__((always_inline))
@@ -63,34 +64,42 @@ AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
     }                                                                                      \
   }
 
-#define KERNEL512(NAME, TILE, WT)                                                          \
+/* One block of 16 weight rows against all T rows of x. */
+#define BLOCK512(NAME, TILE, WT)                                                           \
+  AVX512 INLINE void NAME(const float *x, const WT *wb, const float *bias, float *y,       \
+                          int64_t T, int64_t K, int64_t ldy, int64_t n0, int64_t rows) {   \
+    TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);                                   \
+    for (int g = 0; g < R; g += 4) {                                                       \
+      int64_t t0 = 1;                                                                      \
+      for (; t0 + 6 <= T; t0 += 6) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 6);    \
+      switch (T - t0) {                                                                    \
+        case 5: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 5); break;                \
+        case 4: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 4); break;                \
+        case 3: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;                \
+        case 2: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;                \
+        case 1: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;                \
+        default: break;                                                                    \
+      }                                                                                    \
+    }                                                                                      \
+  }
+
+#define KERNEL512(NAME, BLOCK, WT)                                                         \
   AVX512 static void NAME(const float *x, const WT *w, const float *bias, float *y,        \
                           int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {     \
     const int64_t blocks = (N + R - 1) / R;                                                \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
     for (int64_t b = 0; b < blocks; b++) {                                                 \
-      const WT *wb = w + b * R * K;                                                        \
       const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;                            \
-      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);                                 \
-      for (int g = 0; g < R; g += 4) {                                                     \
-        int64_t t0 = 1;                                                                    \
-        for (; t0 + 6 <= T; t0 += 6) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 6);  \
-        switch (T - t0) {                                                                  \
-          case 5: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 5); break;              \
-          case 4: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 4); break;              \
-          case 3: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;              \
-          case 2: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;              \
-          case 1: TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;              \
-          default: break;                                                                  \
-        }                                                                                  \
-      }                                                                                    \
+      BLOCK(x, w + b * R * K, bias, y, T, K, ldy, n0, rows);                               \
     }                                                                                      \
   }
 
 TILE512(tile_f32_avx512, float, w16_f32)
 TILE512(tile_f16_avx512, uint16_t, w16_f16)
-KERNEL512(linear_f32_avx512, tile_f32_avx512, float)
-KERNEL512(linear_f16_avx512, tile_f16_avx512, uint16_t)
+BLOCK512(block_f32_avx512, tile_f32_avx512, float)
+BLOCK512(block_f16_avx512, tile_f16_avx512, uint16_t)
+KERNEL512(linear_f32_avx512, block_f32_avx512, float)
+KERNEL512(linear_f16_avx512, block_f16_avx512, uint16_t)
 
 /* ---------------------------------------------------------- AVX2 + F16C (2 x 8 lanes) */
 
@@ -143,28 +152,35 @@ AVX2 INLINE float reduce8(__m256 lo8, __m256 hi8) {
     }                                                                                      \
   }
 
-#define KERNEL256(NAME, TILE, WT)                                                          \
+#define BLOCK256(NAME, TILE, WT)                                                           \
+  AVX2 INLINE void NAME(const float *x, const WT *wb, const float *bias, float *y,         \
+                        int64_t T, int64_t K, int64_t ldy, int64_t n0, int64_t rows) {     \
+    TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 8, 1);                                    \
+    TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 8, 8, 1);                                    \
+    for (int g = 0; g < R; g += 2) {                                                       \
+      int64_t t0 = 1;                                                                      \
+      for (; t0 + 2 <= T; t0 += 2) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 2);    \
+      if (t0 < T) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 1);                     \
+    }                                                                                      \
+  }
+
+#define KERNEL256(NAME, BLOCK, WT)                                                         \
   AVX2 static void NAME(const float *x, const WT *w, const float *bias, float *y,          \
                         int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {       \
     const int64_t blocks = (N + R - 1) / R;                                                \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
     for (int64_t b = 0; b < blocks; b++) {                                                 \
-      const WT *wb = w + b * R * K;                                                        \
       const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;                            \
-      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 0, 8, 1);                                  \
-      TILE(x, wb, bias, y, K, ldy, n0, rows, 0, 8, 8, 1);                                  \
-      for (int g = 0; g < R; g += 2) {                                                     \
-        int64_t t0 = 1;                                                                    \
-        for (; t0 + 2 <= T; t0 += 2) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 2);  \
-        if (t0 < T) TILE(x, wb, bias, y, K, ldy, n0, rows, t0, g, 2, 1);                   \
-      }                                                                                    \
+      BLOCK(x, w + b * R * K, bias, y, T, K, ldy, n0, rows);                               \
     }                                                                                      \
   }
 
 TILE256(tile_f32_avx2, float, w8_f32)
 TILE256(tile_f16_avx2, uint16_t, w8_f16)
-KERNEL256(linear_f32_avx2, tile_f32_avx2, float)
-KERNEL256(linear_f16_avx2, tile_f16_avx2, uint16_t)
+BLOCK256(block_f32_avx2, tile_f32_avx2, float)
+BLOCK256(block_f16_avx2, tile_f16_avx2, uint16_t)
+KERNEL256(linear_f32_avx2, block_f32_avx2, float)
+KERNEL256(linear_f16_avx2, block_f16_avx2, uint16_t)
 
 /* ------------------------------------------- affine 8-bit codes: w = d * q + m, exactly */
 
@@ -177,6 +193,7 @@ KERNEL256(linear_f16_avx2, tile_f16_avx2, uint16_t)
  * first 16 then its last 16 columns (AVX2: 4 x 8, alternating two accumulators). */
 
 #define QC 32 /* columns per chunk */
+#define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
 
 AVX512 INLINE __m512 q16(const int8_t *q, __m512 d, __m512 m) {
   const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
@@ -218,26 +235,50 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
   }
 }
 
+/* A block's codes as float32 in the float32 packed layout: the very values the code tiles
+ * compute, so the float32 block routine gives every row exactly what they would. Pays for
+ * prefill-sized calls (the conversion is shared by all rows), not for verify-sized ones. */
+AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *out, int64_t K) {
+  for (int64_t c = 0; c < K / QC; c++)
+    for (int j = 0; j < R; j++) {
+      const __m512 d = _mm512_set1_ps(sb[c * 2 * R + j]);
+      const __m512 m = _mm512_set1_ps(sb[c * 2 * R + R + j]);
+      const int8_t *q = cb + c * R * QC + j * QC;
+      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(q, d, m));
+      _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R, q16(q + 16, d, m));
+    }
+}
+
 AVX512 static void linear_q8_avx512(const float *x, const int8_t *codes, const float *scales,
                                     const float *bias, float *y, int64_t T, int64_t N,
                                     int64_t K, int64_t ldy, int threads) {
   const int64_t blocks = (N + R - 1) / R;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; b++) {
-    const int8_t *cb = codes + b * R * K;
-    const float *sb = scales + b * 2 * R * (K / QC);
-    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);
-    for (int g = 0; g < R; g += 4) {
-      int64_t t0 = 1;
-      for (; t0 + 4 <= T; t0 += 4) tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);
-      switch (T - t0) {
-        case 3: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;
-        case 2: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;
-        case 1: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;
-        default: break;
+#pragma omp parallel num_threads(threads)
+  {
+    float *scratch = T >= UNPACK_ROWS ? malloc(sizeof(float) * R * K) : NULL;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+      const int8_t *cb = codes + b * R * K;
+      const float *sb = scales + b * 2 * R * (K / QC);
+      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+      if (scratch) {
+        unpack_q8_avx512(cb, sb, scratch, K);
+        block_f32_avx512(x, scratch, bias, y, T, K, ldy, n0, rows);
+        continue;
+      }
+      tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);
+      for (int g = 0; g < R; g += 4) {
+        int64_t t0 = 1;
+        for (; t0 + 4 <= T; t0 += 4) tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);
+        switch (T - t0) {
+          case 3: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;
+          case 2: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;
+          case 1: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;
+          default: break;
+        }
       }
     }
+    free(scratch);
   }
 }
 
