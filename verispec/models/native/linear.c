@@ -83,8 +83,9 @@ AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
     }                                                                                      \
   }
 
-#define KERNEL512(NAME, BLOCK, WT)                                                         \
-  AVX512 static void NAME(const float *x, const WT *w, const float *bias, float *y,        \
+/* A whole product: the blocks shared out over the threads. */
+#define KERNEL(TARGET, NAME, BLOCK, WT)                                                       \
+  TARGET static void NAME(const float *x, const WT *w, const float *bias, float *y,        \
                           int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {     \
     const int64_t blocks = (N + R - 1) / R;                                                \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
@@ -98,8 +99,8 @@ TILE512(tile_f32_avx512, float, w16_f32)
 TILE512(tile_f16_avx512, uint16_t, w16_f16)
 BLOCK512(block_f32_avx512, tile_f32_avx512, float)
 BLOCK512(block_f16_avx512, tile_f16_avx512, uint16_t)
-KERNEL512(linear_f32_avx512, block_f32_avx512, float)
-KERNEL512(linear_f16_avx512, block_f16_avx512, uint16_t)
+KERNEL(AVX512, linear_f32_avx512, block_f32_avx512, float)
+KERNEL(AVX512, linear_f16_avx512, block_f16_avx512, uint16_t)
 
 /* ---------------------------------------------------------- AVX2 + F16C (2 x 8 lanes) */
 
@@ -164,23 +165,12 @@ AVX2 INLINE float reduce8(__m256 lo8, __m256 hi8) {
     }                                                                                      \
   }
 
-#define KERNEL256(NAME, BLOCK, WT)                                                         \
-  AVX2 static void NAME(const float *x, const WT *w, const float *bias, float *y,          \
-                        int64_t T, int64_t N, int64_t K, int64_t ldy, int threads) {       \
-    const int64_t blocks = (N + R - 1) / R;                                                \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
-    for (int64_t b = 0; b < blocks; b++) {                                                 \
-      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;                            \
-      BLOCK(x, w + b * R * K, bias, y, T, K, ldy, n0, rows);                               \
-    }                                                                                      \
-  }
-
 TILE256(tile_f32_avx2, float, w8_f32)
 TILE256(tile_f16_avx2, uint16_t, w8_f16)
 BLOCK256(block_f32_avx2, tile_f32_avx2, float)
 BLOCK256(block_f16_avx2, tile_f16_avx2, uint16_t)
-KERNEL256(linear_f32_avx2, block_f32_avx2, float)
-KERNEL256(linear_f16_avx2, block_f16_avx2, uint16_t)
+KERNEL(AVX2, linear_f32_avx2, block_f32_avx2, float)
+KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 /* ------------------------------------------- affine 8-bit codes: w = d * q + m, exactly */
 
