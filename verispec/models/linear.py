@@ -112,8 +112,9 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     weight first, so the rules below then pick the fp16 kernel on a float32 CPU.
 
     "auto" (float32 CPU): on an Intel CPU, "native" when it builds and runs here (verispec's
-    own kernel, native_linear.py: it streams float32 weights at about the read bandwidth, and
-    float16-exact ones in float16; measured on Intel only, so AMD keeps the choices below).
+    own kernel, native_linear.py: it streams each weight in the fewest bytes that hold it
+    exactly, 8-bit codes for dequantized GGUF blocks, float16, or float32, near the read
+    bandwidth; measured on Intel only, so AMD keeps the choices below).
     Elsewhere "fp16" when the weight is exactly representable in float16 (it streams half the
     bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on an AMD EPYC, about as
     fast at 16 rows; benchmarks/linear_kernels.py), else torch's F.linear on an Intel CPU
