@@ -40,11 +40,12 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         return WeightBytes(size, size)
     if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
         return WeightBytes(2 * n + bias, 2 * n + bias)
-    if linear.kernel == "native":  # the fewest bytes that hold the values exactly (padding aside)
-        size = n * cast(torch.Tensor, linear.weight).element_size() + bias
-        if linear.native_scales is not None:  # 8-bit affine codes (padded) + d, m per 32 columns
-            codes = cast(torch.Tensor, linear.weight).numel()
-            size = codes + 4 * linear.native_scales.numel() + bias
+    if linear.kernel == "native":  # the fewest bytes that hold the values exactly
+        packed = cast(torch.Tensor, linear.weight)
+        if linear.native_scales is None:  # float16 or float32 (padding aside)
+            size = n * packed.element_size() + bias
+        else:  # 8-bit affine codes (padded) + float32 d and m per 32 columns
+            size = packed.numel() + 4 * linear.native_scales.numel() + bias
         return WeightBytes(size, size)
     weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias

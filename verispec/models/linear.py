@@ -100,8 +100,8 @@ def choose_backend(
     if backend == "auto" and not cpu_fp32:
         return "torch"
     if backend == "auto" and compile:
-        native = intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel)
-        return "native" if native else "torch"
+        usable = intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel)
+        return "native" if usable else "torch"
     return backend
 
 

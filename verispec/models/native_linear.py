@@ -5,9 +5,9 @@ Why: on a 2-core CPU a decode step is bound by streaming the weights, and torch'
 float32 weights at about 0.9 and float16 ones at about 0.6 of what a plain `torch.sum` reads.
 This kernel reads a packed copy front to back, 16 weight rows at a time, in the fewest bytes
 that hold every value exactly (8-bit affine codes for weights dequantized from GGUF blocks,
-float16, or float32), near the read bandwidth (benchmarks/README.md, `linear_kernels.py`). Its results are also
-row-invariant: a row of a verify step is bit-for-bit the decode step of the same input, so the
-batch-invariant mode needs no row-by-row products.
+float16, or float32), near the read bandwidth (benchmarks/README.md, `linear_kernels.py`).
+Its results are also row-invariant: a row of a verify step is bit-for-bit the decode step of
+the same input, so the batch-invariant mode needs no row-by-row products.
 
 The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
 without a compiler or a CPU with AVX2, F16C and FMA, `native_kernel()` says why and the
@@ -150,7 +150,15 @@ def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n, k = weight.shape
     padded = torch.zeros(_padded(n), _padded(k), dtype=dtype)
     padded[:n, :k] = weight.to(dtype)
-    return padded.view(-1, ROWS, _padded(k) // ROWS, ROWS).permute(0, 2, 1, 3).contiguous()
+    return _row_blocks(padded, ROWS)
+
+
+def _row_blocks(matrix: torch.Tensor, columns: int) -> torch.Tensor:
+    """[N', K'] (N' a multiple of 16, K' of columns) -> [N'/16, K'/columns, 16, columns]: each
+    block of 16 rows contiguous, `columns` columns at a time."""
+    rows, width = matrix.shape
+    blocks = matrix.view(rows // ROWS, ROWS, width // columns, columns)
+    return blocks.permute(0, 2, 1, 3).contiguous()
 
 
 HUGE_PAGE = 2 << 20
@@ -280,16 +288,9 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     q[:n] = codes.codes
     dm = torch.zeros(2, rows, k // CODE_COLUMNS)
     dm[0, :n], dm[1, :n] = codes.d, codes.m
-    packed = q.view(-1, ROWS, k // CODE_COLUMNS, CODE_COLUMNS).permute(0, 2, 1, 3).contiguous()
+    packed = _row_blocks(q, CODE_COLUMNS)
     scales = dm.view(2, -1, ROWS, k // CODE_COLUMNS).permute(1, 3, 0, 2).contiguous()
     return packed, scales
-
-
-def unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """The inverse of `pack`: packed [N'/16, K'/16, 16, 16] -> W [N, K] float32."""
-    blocks, chunks = packed.shape[:2]
-    rows = packed.permute(0, 2, 1, 3).reshape(blocks * ROWS, chunks * ROWS)
-    return rows[:out_features, :in_features].float()
 
 
 def product(
@@ -325,9 +326,10 @@ def _product(
     rows = x.shape[0]
     y = torch.empty(rows, out_features, dtype=torch.float32)
     bias_ptr = None if bias is None else bias.data_ptr()
+    threads = torch.get_num_threads()
     for start in range(0, rows, CHUNK_ROWS):  # x rows a call re-reads from cache per block
         n = min(CHUNK_ROWS, rows - start)
-        shape = (n, out_features, columns, out_features, torch.get_num_threads())
+        shape = (n, out_features, columns, out_features, threads)
         if scales is not None:
             kernel.lib.verispec_linear_q8(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
                                           scales.data_ptr(), bias_ptr, y[start].data_ptr(),
