@@ -63,3 +63,19 @@ class Runner(PagedModel):
     def prefill(self, ids: list[int], num_logits: int = 1) -> torch.Tensor:
         """Logits of the last num_logits tokens of a fresh sequence prefilled with ids."""
         return self.forward([self.sequence().chunk(ids, num_logits)])
+
+
+def run_shapes(runner: Runner, vocab: int) -> list[torch.Tensor]:
+    """Logits of every kind of forward the engine makes, on one runner, in a fixed order."""
+    a, b = runner.sequence(), runner.sequence()
+    out = [
+        runner.forward([a.chunk(random_ids(30, vocab, 1))]),  # prefill past the window of 24
+        runner.forward([a.chunk(random_ids(1, vocab, 2))]),  # decode
+        runner.forward([a.chunk(random_ids(1, vocab, 3))]),  # decode, one key more
+        runner.forward([a.chunk(random_ids(5, vocab, 4), num_logits=5)]),  # verify 1 + 4
+        runner.forward([b.chunk(random_ids(7, vocab, 5)), a.chunk(random_ids(3, vocab, 6), 3)]),
+    ]
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    out.append(runner.forward([a.chunk(random_ids(4, vocab, 7), 4, tree, [36, 37, 37, 38])]))
+    out.append(runner.forward([b.chunk(random_ids(1, vocab, 8)), a.chunk(random_ids(1, vocab, 9))]))
+    return out

@@ -22,7 +22,7 @@ from verispec import LLM, SamplingParams, SpecConfig
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
-from .harness import Runner, random_ids
+from .harness import Runner, random_ids, run_shapes
 
 SKIP = [pytest.mark.skip(reason="compiles for a minute; set VERISPEC_FULL=1")]
 
@@ -48,22 +48,6 @@ def family_path(request: pytest.FixtureRequest, tmp_path_factory, tokenizer) -> 
 
 def load(path: Path, compile: bool) -> LlamaModel:
     return load_model(path, torch.float32, torch.device("cpu"), "auto", compile=compile)
-
-
-def run_shapes(runner: Runner, vocab: int) -> list[torch.Tensor]:
-    """Logits of every kind of forward the engine makes, on one runner, in a fixed order."""
-    a, b = runner.sequence(), runner.sequence()
-    out = [
-        runner.forward([a.chunk(random_ids(30, vocab, 1))]),  # prefill past the window of 24
-        runner.forward([a.chunk(random_ids(1, vocab, 2))]),  # decode
-        runner.forward([a.chunk(random_ids(1, vocab, 3))]),  # decode, one key more
-        runner.forward([a.chunk(random_ids(5, vocab, 4), num_logits=5)]),  # verify 1 + 4
-        runner.forward([b.chunk(random_ids(7, vocab, 5)), a.chunk(random_ids(3, vocab, 6), 3)]),
-    ]
-    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    out.append(runner.forward([a.chunk(random_ids(4, vocab, 7), 4, tree, [36, 37, 37, 38])]))
-    out.append(runner.forward([b.chunk(random_ids(1, vocab, 8)), a.chunk(random_ids(1, vocab, 9))]))
-    return out
 
 
 def test_compiled_logits_and_kv_match_eager(family_path: Path) -> None:
@@ -118,6 +102,7 @@ def test_a_failing_compiler_falls_back_to_eager_with_a_message(
         raise RuntimeError("no C++ compiler here")
 
     eager = Runner(load(llama_checkpoint, False))
+    eager.model.native = None  # the fallback runs the torch operators, not the native stack
     model = load(llama_checkpoint, False)
     model.compile(backend=broken_backend)
     compiled = Runner(model)

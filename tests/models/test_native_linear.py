@@ -113,7 +113,7 @@ def test_it_can_be_turned_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch
 @needs_kernel
 def test_a_fresh_cache_builds_the_library_once(fresh_build: Path) -> None:
     assert isinstance(native_kernel(), NativeKernel)
-    built = list((fresh_build / "kernels").glob("linear-*.so"))
+    built = list((fresh_build / "kernels").glob("native-*.so"))
     assert len(built) == 1 and not list((fresh_build / "kernels").glob("tmp*"))
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
+from verispec.models import native_layer
 from verispec.models.attention import AttentionLayout, attend
 from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
@@ -72,6 +73,9 @@ class LlamaModel:
         """Attention row by row over exactly its visible keys (see Linear.row_wise)."""
         self.compiled: CompiledStack | None = None
         """The decoder stack under torch.compile (see compile); None = eager."""
+        self.native = native_layer.NativeStack.build(self) if native_layer.supported(self) else None
+        """Where set, eager forwards run the whole stack in native code (native_layer.py: the
+        same values within float32 rounding, one call); None = the torch operators below."""
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""
@@ -110,6 +114,8 @@ class LlamaModel:
         entering each layer in feature_layers ([T, hidden] each; index num_layers = after the
         last layer, before the final norm), as EAGLE-3 reads its low, middle and high layers."""
         self.check_feature_layers(feature_layers)
+        if self.native is not None and self.compiled is None:
+            return native_layer.decoder_stack(self, self.native, batch, kv, feature_layers)
         layout = AttentionLayout.build(batch, self.windows, self.batch_invariant,
                                        grouped=self.compiled is None)  # fmt: skip
         stack = self.compiled or self.decoder_stack

@@ -32,7 +32,9 @@ import torch
 
 from verispec.models.hub import cache_dir
 
-SOURCE = Path(__file__).with_name("native") / "linear.c"
+SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("linear.c", "layer.c"))
+"""Built together into one library: the products (linear.c) and the decoder layer's other
+work (layer.c, used by native_layer.py)."""
 ROWS = 16
 """Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
 CHUNK_ROWS = 128
@@ -40,6 +42,7 @@ CHUNK_ROWS = 128
 the core's cache (512-row prefill chunks ran 1.2x faster split in four; rows are independent,
 so splitting changes no result)."""
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+LIBS = ("-lm",)
 
 _ISA_NAMES = {1: "avx2", 2: "avx512"}
 log = logging.getLogger("verispec")
@@ -74,18 +77,18 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where the built library is cached: named by a hash of the source, flags and compiler."""
-    key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(" ".join((compiler, *FLAGS)).encode())
-    return cache_dir() / "kernels" / f"linear-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
+    return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
 
 
 def build(compiler: str, target: Path) -> None:
-    """Compile the source into target (atomically: concurrent builds never see half a file)."""
+    """Compile the sources into target (atomically: concurrent builds never see half a file)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", str(out), str(SOURCE)],
+            [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), *LIBS],
             capture_output=True, text=True, timeout=120,
         )
         if done.returncode != 0:
@@ -121,7 +124,8 @@ def _load() -> NativeKernel | NativeUnavailable:
             build(compiler, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        return NativeUnavailable(f"building {SOURCE.name} with {compiler} failed: {error}")
+        names = " and ".join(source.name for source in SOURCES)
+        return NativeUnavailable(f"building {names} with {compiler} failed: {error}")
     isa = lib.verispec_linear_isa()
     if isa not in _ISA_NAMES:
         return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
@@ -133,7 +137,16 @@ def _load() -> NativeKernel | NativeUnavailable:
     lib.verispec_linear_q8.argtypes = [ctypes.c_int, *[pointer] * 5, size, size, size, size,
                                        ctypes.c_int]  # fmt: skip
     lib.verispec_linear_q8.restype = None
+    _declare_layer_functions(lib)
     return NativeKernel(lib, isa)
+
+
+def _declare_layer_functions(lib: ctypes.CDLL) -> None:
+    """Argument types of layer.c's entry point (see native_layer.py)."""
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 10, *[i64] * 6,
+                                           ctypes.c_float, ctypes.c_int]  # fmt: skip
+    lib.verispec_decoder_stack.restype = None
 
 
 def _padded(n: int) -> int:

@@ -1,0 +1,109 @@
+"""The native decoder stack (models/native_layer.py, native/layer.c) against llama.py's torch
+operators, the reference: logits, KV entries and EAGLE features within float32 rounding for
+every family and every shape the engine runs (prefill, decode, verify, ragged batches, tree
+masks, sliding windows), head sizes that take each of the C code's paths, and rows that are
+bitwise lone decode steps even outside the batch-invariant mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_checkpoint
+
+from verispec.models.llama import LlamaModel
+from verispec.models.loader import load_model
+from verispec.models.native_linear import NativeKernel, native_kernel
+
+from .harness import Runner, random_ids, run_shapes
+
+pytestmark = pytest.mark.skipif(
+    not isinstance(native_kernel(), NativeKernel), reason="the native kernel cannot run here"
+)
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")  # mistral: sliding window 24
+ATOL = 1e-5  # logits O(1)-O(10); the two paths differ ~1e-6 (exp, sums in other orders)
+
+
+def load(path: Path, native: bool = True) -> LlamaModel:
+    model = load_model(path, torch.float32, torch.device("cpu"), "native")
+    assert model.native is not None, "every product runs the native kernel, so the stack runs"
+    if not native:
+        model.native = None  # the torch operators, on the same packed weights
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_path(request: pytest.FixtureRequest, tmp_path_factory, tokenizer) -> Path:
+    path = tmp_path_factory.mktemp(f"{request.param}-native-layer")
+    make_checkpoint(path, request.param, tokenizer, layer_scale=8.0)
+    return path
+
+
+def assert_same_run(path: Path, vocab: int = 320) -> None:
+    """Every kind of forward gives the same logits and KV entries on both paths."""
+    fast, ref = Runner(load(path)), Runner(load(path, native=False))
+    for i, (got, want) in enumerate(
+        zip(run_shapes(fast, vocab), run_shapes(ref, vocab), strict=True)
+    ):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=f"forward {i}")
+    slots = torch.arange(64 * 4)
+    for got, want in zip(fast.kv.read(slots), ref.kv.read(slots), strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_native_stack_matches_the_torch_operators(family_path: Path) -> None:
+    assert_same_run(family_path)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "heads", "kv_heads"),
+    [(128, 2, 1), (192, 2, 2), (48, 4, 2)],
+    ids=["head_dim 64 (register path)", "head_dim 96 (registers + tail)", "head_dim 12"],
+)
+def test_head_sizes_take_every_code_path(tmp_path: Path, tokenizer, hidden, heads, kv_heads):
+    """64 columns of values in registers, the columns past them, and a head size that is no
+    multiple of 8 (scalar dot products)."""
+    make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=hidden,
+                    num_attention_heads=heads, num_key_value_heads=kv_heads)  # fmt: skip
+    assert_same_run(tmp_path)
+
+
+def test_features_match_the_torch_operators(family_path: Path) -> None:
+    """The residual streams EAGLE reads (first, middle and after the last layer)."""
+    fast, ref = Runner(load(family_path)), Runner(load(family_path, native=False))
+    ids = random_ids(12, 320, seed=3)
+    got = fast.forward_with_features([fast.sequence().chunk(ids, 12)], [0, 1, 2])
+    want = ref.forward_with_features([ref.sequence().chunk(ids, 12)], [0, 1, 2])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_rows_are_bitwise_lone_decode_steps(family_path: Path) -> None:
+    """Without the batch-invariant mode: a verify step's rows, a prefill's rows and the rows of
+    a ragged batch with a tree mask equal the lone decode steps of the same tokens."""
+    runner = Runner(load(family_path), num_blocks=128)
+    ids = random_ids(33, 320, seed=0)
+    alone = runner.sequence()
+    ref = torch.cat([runner.forward([alone.chunk([t])]) for t in ids])  # [33, vocab]
+    for q in (2, 5, 9):
+        seq = runner.sequence()
+        runner.forward([seq.chunk(ids[:20])])
+        assert torch.equal(runner.forward([seq.chunk(ids[20 : 20 + q], q)]), ref[20 : 20 + q])
+    assert torch.equal(runner.forward([runner.sequence().chunk(ids, 33)]), ref)
+    other, seq = runner.sequence(), runner.sequence()
+    runner.forward([seq.chunk(ids[:24])])
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two branches
+    got = runner.forward([other.chunk(ids[:7], 7), seq.chunk([ids[24], ids[25], 5], 3, tree,
+                                                             [24, 25, 25])])  # fmt: skip
+    assert torch.equal(got[:7], ref[:7])
+    assert torch.equal(got[7:9], ref[24:26])  # the branch that follows the sequence
+
+
+def test_models_the_stack_cannot_run_use_the_torch_operators(tmp_path: Path, tokenizer) -> None:
+    """Columns the kernel pads (hidden 40 is no multiple of 16) or products on another kernel:
+    the forward runs llama.py's operators."""
+    make_checkpoint(tmp_path, "llama", tokenizer, hidden_size=40, num_attention_heads=4,
+                    num_key_value_heads=2)  # fmt: skip
+    assert load_model(tmp_path, torch.float32, torch.device("cpu"), "native").native is None
+    assert load_model(tmp_path, torch.float32, torch.device("cpu"), "torch").native is None

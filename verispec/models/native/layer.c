@@ -1,0 +1,393 @@
+/* A decoder stack in native code (verispec_decoder_stack, at the end): every layer of one
+ * forward in one call, the products on linear.c's kernel, the rest here: RMSNorm with the
+ * residual add, rotary embedding with the KV-cache write, paged attention, the SiLU gate.
+ *
+ * Why: in eager torch a decode step of a 30-layer model runs some 20 small operators per layer,
+ * each a dispatch through Python, an allocation and a wake of the thread pool, and together they
+ * cost as much as streaming the weights (native_layer.py).
+ *
+ * Row invariance: every output row is computed from its own inputs by one fixed sequence of
+ * operations (attention visits a row's visible keys in cache order), so a row does not depend
+ * on how many rows share the call; a verify row equals the decode step of the same token, bit
+ * for bit, like the linear kernel's rows (linear.c).
+ *
+ * Needs AVX2 and FMA (the library is loaded only where linear.c's kernel can run).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define FAST __attribute__((target("avx2,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+FAST INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* sum_i a[i] * b[i]: two 8-lane accumulators, then one fixed reduction, then the tail. */
+FAST INLINE float dot(const float *a, const float *b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  if (i + 8 <= n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    i += 8;
+  }
+  float s = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* y[i] += a * x[i]. */
+FAST INLINE void axpy(float a, const float *x, float *y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* e^x in 8 lanes, within about 2 ulp (Cephes' expf polynomial); inputs are clamped to
+ * [-87.3, 88], so very negative ones give about 1e-38 rather than 0. */
+FAST INLINE __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* e^x of one value by the same arithmetic as exp8 (tails of vector loops). */
+FAST INLINE float exp1(float x) {
+  float in[8] = {x}, out[8];
+  _mm256_storeu_ps(out, exp8(_mm256_loadu_ps(in)));
+  return out[0];
+}
+
+/* out = w * (x * rsqrt(mean(x^2) + eps)) for one row of n values. */
+FAST static void norm_row(const float *x, const float *w, float *out, int64_t n, float eps) {
+  const float inv = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* For each of `rows` rows of n values: x += delta (when delta is not NULL), then
+ * out = RMSNorm(x) * w. x is the residual stream, updated in place. */
+FAST static void add_rms_norm(float *x, const float *delta, const float *w, float *out,
+                                int64_t rows, int64_t n, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
+  for (int64_t t = 0; t < rows; t++) {
+    float *xr = x + t * n;
+    if (delta) {
+      const float *dr = delta + t * n;
+      for (int64_t i = 0; i < n; i++) xr[i] += dr[i];
+    }
+    norm_row(xr, w, out + t * n, n, eps);
+  }
+}
+
+/* Rotate one head of dim values by its row's cos and sin (transformers' half-split form):
+ * x[i] * cos[i] + r[i] * sin[i] with r = (-x[half:], x[:half]). */
+FAST static void rotate(float *x, const float *cos, const float *sin, int64_t dim) {
+  const int64_t half = dim / 2;
+  float r[dim];
+  for (int64_t i = 0; i < half; i++) r[i] = -x[half + i], r[half + i] = x[i];
+  for (int64_t i = 0; i < dim; i++) x[i] = x[i] * cos[i] + r[i] * sin[i];
+}
+
+/* qkv [rows, (heads + 2 kv_heads) * dim]: queries, keys, values of each new token. In place:
+ * the per-head norms (q_norm / k_norm [dim], Qwen3; NULL to skip), then rotation of queries
+ * and keys by cos / sin [rows, dim]; then the keys and values are stored at kv slot slots[t] of
+ * kc / vc [slots, kv_heads, dim]. */
+FAST static void rope_store(float *qkv, const float *cos, const float *sin,
+                              const float *q_norm, const float *k_norm, float eps,
+                              const int64_t *slots, float *kc, float *vc, int64_t rows,
+                              int64_t heads, int64_t kv_heads, int64_t dim) {
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  for (int64_t t = 0; t < rows; t++) {
+    float *row = qkv + t * width;
+    for (int64_t h = 0; h < heads + kv_heads; h++) {
+      float *x = row + h * dim;
+      const float *w = h < heads ? q_norm : k_norm;
+      if (w) norm_row(x, w, x, dim, eps);
+      rotate(x, cos + t * dim, sin + t * dim, dim);
+    }
+    const int64_t at = slots[t] * kv_heads * dim;
+    for (int64_t i = 0; i < kv_heads * dim; i++) {
+      kc[at + i] = row[heads * dim + i];
+      vc[at + i] = row[(heads + kv_heads) * dim + i];
+    }
+  }
+}
+
+#define AHEAD 16 /* keys ahead whose lines are prefetched */
+
+/* Ask for the cache lines of n floats at x (cached keys and values come from memory: a step
+ * streams megabytes of weights between two reads of one layer's cache). */
+INLINE void fetch(const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(x + i), _MM_HINT_T0);
+}
+
+/* The dot products of q with 8 keys k[0..7] (dim a multiple of 8) as 8 lanes: each key by the
+ * same sequence (8-lane products in column order, then one fixed pairwise reduction), so a
+ * key's score does not depend on the other keys of its group. */
+FAST INLINE __m256 dot8(const float *q, const float *const *k, int64_t dim) {
+  __m256 a[8];
+  for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[u] + i), a[u]);
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* scores[j] = q . key j * scale for n keys at kc + slots[j] * stride. */
+FAST static void key_scores(const float *q, const float *kc, const int64_t *slots, int64_t n,
+                            int64_t stride, int64_t dim, float scale, float *scores) {
+  if (dim % 8) {
+    for (int64_t j = 0; j < n; j++) scores[j] = dot(q, kc + slots[j] * stride, dim) * scale;
+    return;
+  }
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 8) {
+    for (int64_t f = j + AHEAD; f < j + AHEAD + 8 && f < n; f++) fetch(kc + slots[f] * stride, dim);
+    const float *k[8];
+    for (int u = 0; u < 8; u++) k[u] = kc + slots[j + u < n ? j + u : n - 1] * stride;
+    float lane[8];
+    _mm256_storeu_ps(lane, _mm256_mul_ps(dot8(q, k, dim), sv));
+    for (int u = 0; u < 8 && j + u < n; u++) scores[j + u] = lane[u];
+  }
+}
+
+/* out = sum_j p[j] * value j, over n values at vc + slots[j] * stride, in key order; 64 columns
+ * at a time in registers when dim allows. */
+FAST static void weighted_values(const float *p, const float *vc, const int64_t *slots,
+                                 int64_t n, int64_t stride, int64_t dim, float *out) {
+  int64_t c = 0;
+  for (; c + 64 <= dim; c += 64) {
+    __m256 acc[8];
+    for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+      if (j + AHEAD < n) fetch(vc + slots[j + AHEAD] * stride + c, 64);
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float *v = vc + slots[j] * stride + c;
+      for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < 8; u++) _mm256_storeu_ps(out + c + 8 * u, acc[u]);
+  }
+  if (c == dim) return;
+  for (int64_t i = c; i < dim; i++) out[i] = 0.0f;
+  for (int64_t j = 0; j < n; j++) axpy(p[j], vc + slots[j] * stride + c, out + c, dim - c);
+}
+
+/* Attention of one query head over n keys at slots (scores: scratch of n floats). */
+FAST static void attend_head(const float *q, const float *kc, const float *vc,
+                             const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
+                             float scale, float *scores, float *out) {
+  key_scores(q, kc, slots, n, stride, dim, scale, scores);
+  float best = -INFINITY;
+  for (int64_t j = 0; j < n; j++) best = scores[j] > best ? scores[j] : best;
+  const __m256 top = _mm256_set1_ps(best);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), top));
+    _mm256_storeu_ps(scores + j, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  float total = hsum(sum);
+  for (; j < n; j++) total += (scores[j] = exp1(scores[j] - best));
+  weighted_values(scores, vc, slots, n, stride, dim, out);
+  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < dim; i++) out[i] *= inv;
+}
+
+/* Which cached keys each new row of one forward sees (the same for every layer). Row t is
+ * query row_q[t] of sequence s = row_seq[t], which has ctx[s] keys: key j lives at slot
+ * key_slots[s * max_ctx + j] (or kv_start + j when key_slots is NULL) and is seen when
+ * mask[(s * max_q + row_q[t]) * max_ctx + j] is set, mask = masks[w] for a layer of window w
+ * (every key when that is NULL). */
+typedef struct {
+  const int64_t *key_slots;
+  int64_t kv_start;
+  const int32_t *row_seq, *row_q;
+  const int64_t *ctx;
+  const uint8_t *const *masks;
+  int64_t num_masks, max_q, max_ctx;
+} Keys;
+
+/* The slots each row sees under one mask, in cache order: row t's count[t] slots start at
+ * slots + t * room. */
+typedef struct {
+  int64_t *slots, *count, room;
+} Visible;
+
+static Visible visible_keys(const Keys *keys, const uint8_t *mask, int64_t rows, int threads) {
+  const int64_t max_q = keys->max_q, max_ctx = keys->max_ctx, room = max_ctx > 0 ? max_ctx : 1;
+  Visible v = {malloc(sizeof(int64_t) * (size_t)(rows * room)),
+               malloc(sizeof(int64_t) * (size_t)rows), room};
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 16)
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t s = keys->row_seq[t];
+    const uint8_t *seen = mask ? mask + (s * max_q + keys->row_q[t]) * max_ctx : NULL;
+    const int64_t *key_slots = keys->key_slots ? keys->key_slots + s * max_ctx : NULL;
+    int64_t n = 0, *out = v.slots + t * room;
+    for (int64_t j = 0; j < keys->ctx[s]; j++)
+      if (!seen || seen[j]) out[n++] = key_slots ? key_slots[j] : keys->kv_start + j;
+    v.count[t] = n;
+  }
+  return v;
+}
+
+/* out [rows, heads * dim] = softmax(q k^T * scale) v for every row and head over its visible
+ * keys in the paged cache kc / vc [slots, kv_heads, dim] (grouped-query: head h reads kv head
+ * h / (heads / kv_heads)), queries read from qkv [rows, (heads + 2 kv_heads) * dim]. One
+ * (row, head) pair per job; a row's result depends only on its own keys. */
+FAST static void attend(const float *qkv, const float *kc, const float *vc, const Visible *v,
+                        float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                        float scale, int threads) {
+  const int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
+#pragma omp parallel num_threads(threads) if (rows * heads >= 4)
+  {
+    float *scores = malloc(sizeof(float) * (size_t)v->room);
+#pragma omp for schedule(static, 1) /* interleaved: later rows of a prefill see more keys */
+    for (int64_t job = 0; job < rows * heads; job++) {
+      const int64_t t = job / heads, h = job % heads, head = (h / group) * dim;
+      attend_head(qkv + t * width + h * dim, kc + head, vc + head, v->slots + t * v->room,
+                  v->count[t], kv_heads * dim, dim, scale, scores,
+                  out + t * heads * dim + h * dim);
+    }
+    free(scores);
+  }
+}
+
+/* h [rows, 2 * inter] = (gate, up) -> out [rows, inter] = silu(gate) * up, with
+ * silu(g) = g / (1 + e^-g). */
+FAST static void silu_mul(const float *h, float *out, int64_t rows, int64_t inter,
+                            int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
+  for (int64_t t = 0; t < rows; t++) {
+    const float *g = h + t * 2 * inter, *u = g + inter;
+    float *o = out + t * inter;
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= inter; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 e = exp8(_mm256_sub_ps(zero, gv));
+      const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < inter; i++) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+  }
+}
+
+/* ------------------------------------------------------------------ the decoder stack */
+
+void verispec_linear_f32(int isa, const float *x, const float *w, const float *bias, float *y,
+                         int64_t T, int64_t N, int64_t K, int64_t ldy, int threads);
+void verispec_linear_f16(int isa, const float *x, const uint16_t *w, const float *bias,
+                         float *y, int64_t T, int64_t N, int64_t K, int64_t ldy, int threads);
+void verispec_linear_q8(int isa, const float *x, const int8_t *codes, const float *scales,
+                        const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                        int64_t ldy, int threads);
+
+/* One linear layer as packed for linear.c: kind 0 = float32, 1 = float16, 2 = 8-bit codes
+ * (then scales); out = N, in = K (a multiple of 16, or 32 for codes). */
+typedef struct {
+  int64_t kind;
+  const void *w;
+  const float *scales, *bias;
+  int64_t out, in;
+} Linear;
+
+#define CHUNK_ROWS 128 /* rows per kernel call, as native_linear.py splits them */
+
+/* y [rows, out] = x [rows, in] W^T (+ b). */
+static void linear(int isa, const Linear *l, const float *x, float *y, int64_t rows,
+                   int threads) {
+  for (int64_t t = 0; t < rows; t += CHUNK_ROWS) {
+    const int64_t n = rows - t < CHUNK_ROWS ? rows - t : CHUNK_ROWS;
+    const float *xt = x + t * l->in;
+    float *yt = y + t * l->out;
+    if (l->kind == 2)
+      verispec_linear_q8(isa, xt, l->w, l->scales, l->bias, yt, n, l->out, l->in, l->out,
+                         threads);
+    else if (l->kind == 1)
+      verispec_linear_f16(isa, xt, l->w, l->bias, yt, n, l->out, l->in, l->out, threads);
+    else
+      verispec_linear_f32(isa, xt, l->w, l->bias, yt, n, l->out, l->in, l->out, threads);
+  }
+}
+
+/* One decoder layer's weights; window: which of Keys.masks its attention uses. */
+typedef struct {
+  const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL but Qwen3 */
+  Linear qkv, o, gate_up, down;
+  int64_t window;
+} Layer;
+
+/* The residual stream x [rows, hidden] through every layer, then out = RMSNorm(x) *
+ * final_norm. Layer i writes its new keys and values at slots[t] of kc[i] / vc[i] and, when
+ * captured[i] is not NULL, copies x as it enters the layer there (EAGLE's features). cos and
+ * sin [rows, dim]: the rotary tables of the rows' positions. Per layer, as llama.py's
+ * decoder_layer: x += delta, normed = norm(x); qkv; rotate and store keys and values; attend;
+ * x += o(...), normed = norm(x); delta = down(silu(gate) * up). */
+void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
+                            float *const *vc, float *x, const float *final_norm, float *out,
+                            float *const *captured, const float *cos, const float *sin,
+                            const int64_t *slots, const Keys *keys, int64_t rows,
+                            int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
+                            int64_t inter, float eps, int threads) {
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  float *normed = malloc(sizeof(float) * (size_t)(rows * hidden));
+  float *delta = malloc(sizeof(float) * (size_t)(rows * hidden));
+  float *qkv = malloc(sizeof(float) * (size_t)(rows * width));
+  float *attn = malloc(sizeof(float) * (size_t)(rows * heads * dim));
+  float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inter));
+  float *act = malloc(sizeof(float) * (size_t)(rows * inter));
+  Visible *visible = malloc(sizeof(Visible) * (size_t)keys->num_masks);
+  for (int64_t w = 0; w < keys->num_masks; w++)
+    visible[w] = visible_keys(keys, keys->masks[w], rows, threads);
+  for (int64_t i = 0; i < num_layers; i++) {
+    const Layer *l = layers + i;
+    add_rms_norm(x, i ? delta : NULL, l->input_norm, normed, rows, hidden, eps, threads);
+    if (captured[i])
+      for (int64_t k = 0; k < rows * hidden; k++) captured[i][k] = x[k];
+    linear(isa, &l->qkv, normed, qkv, rows, threads);
+    rope_store(qkv, cos, sin, l->q_norm, l->k_norm, eps, slots, kc[i], vc[i], rows, heads,
+               kv_heads, dim);
+    attend(qkv, kc[i], vc[i], visible + l->window, attn, rows, heads, kv_heads, dim,
+           1.0f / sqrtf((float)dim), threads);
+    linear(isa, &l->o, attn, delta, rows, threads);
+    add_rms_norm(x, delta, l->post_norm, normed, rows, hidden, eps, threads);
+    linear(isa, &l->gate_up, normed, gate_up, rows, threads);
+    silu_mul(gate_up, act, rows, inter, threads);
+    linear(isa, &l->down, act, delta, rows, threads);
+  }
+  add_rms_norm(x, num_layers ? delta : NULL, final_norm, out, rows, hidden, eps, threads);
+  for (int64_t w = 0; w < keys->num_masks; w++) free(visible[w].slots), free(visible[w].count);
+  free(visible);
+  free(act);
+  free(gate_up);
+  free(attn);
+  free(qkv);
+  free(delta);
+  free(normed);
+}

@@ -1,0 +1,184 @@
+"""The decoder stack in native code (native/layer.c): every layer of a forward in one call.
+
+Why: in eager torch a SmolLM2 decode step runs some 20 small operators per layer (norms, rotary
+arithmetic, the cache write, attention, SiLU, residual adds) between its four products. Each
+costs a Python dispatch, an allocation and often a wake of the thread pool; together they cost
+about as much as streaming the weights. Here Python builds the step's key plan (which cached
+keys each new row sees) and the rotary tables, and one C call runs every layer: the products
+on the native linear kernel, the rest over plain float32 arrays.
+
+It runs where every product of the model runs the native kernel with no padded columns
+(float32 on the CPU), in eager mode; llama.py's torch operators stay the reference it is tested
+against (within float32 rounding, tests/models/test_native_layer.py). Like the kernel, every
+row is computed alone by a fixed sequence of operations, so a verify or prefill row is
+bit-for-bit the decode step of the same token, with or without the batch-invariant mode.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import torch
+
+from verispec.batch import ForwardBatch
+from verispec.models.attention import AttentionLayout
+from verispec.models.linear import Linear
+from verispec.models.native_linear import loaded
+from verispec.models.rope import rope_cos_sin
+
+if TYPE_CHECKING:
+    from verispec.kv.cache import KVCache
+    from verispec.models.llama import LlamaModel
+
+
+def supported(model: LlamaModel) -> bool:
+    """Whether model can run this stack: float32 on the CPU, every layer's products on the
+    native kernel (so the library is loaded) with no column padding (the stack passes its
+    buffers to the kernel as they are), and an even head dimension (rotary halves)."""
+    linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up,
+                                                          layer.down)]  # fmt: skip
+    return (
+        model.device.type == "cpu"
+        and model.dtype == torch.float32
+        and bool(linears)
+        and all(lin.kernel == "native" and _columns(lin) == lin.in_features for lin in linears)
+        and model.config.head_dim % 2 == 0
+    )
+
+
+def _columns(lin: Linear) -> int:
+    """K', the columns of a native layer's packed weight (in_features padded)."""
+    packed = cast(torch.Tensor, lin.weight)
+    return packed.shape[1] * packed.shape[3]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPlan:
+    """Which cached keys each new row attends to, for layer.c's attention (built once per
+    forward, shared by every layer)."""
+
+    key_slots: torch.Tensor | None  # [S, C] int64, KV slot of key j of sequence s; None: below
+    kv_start: int  # one sequence in consecutive slots: key j is slot kv_start + j
+    row_seq: torch.Tensor  # [T] int32, the sequence of each new row
+    row_q: torch.Tensor  # [T] int32, its index among that sequence's new rows
+    ctx: torch.Tensor  # [S] int64, keys of each sequence (its new tokens included)
+    masks: dict[int | None, torch.Tensor | None]  # per window: [S, Q, C] bool; None: all keys
+    max_q: int
+    max_ctx: int
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, windows: set[int | None]) -> KeyPlan:
+        """From the masks and slot maps of attention.py's layout (one group: every row here
+        reads exactly its own keys, so rows of different lengths need no padding).
+
+        Example: sequences of 2 and 1 new tokens give row_seq [0, 0, 1], row_q [0, 1, 0].
+        """
+        layout = AttentionLayout.build(batch, windows, grouped=False)
+        num_tokens = batch.num_tokens
+        if batch.num_seqs == 1:
+            row_seq = torch.zeros(num_tokens, dtype=torch.int32)
+            row_q = torch.arange(num_tokens, dtype=torch.int32)
+        else:
+            lens = torch.tensor(batch.query_lens)
+            seq = torch.repeat_interleave(torch.arange(batch.num_seqs), lens)  # [T]
+            row_q = (torch.arange(num_tokens) - batch.cu_query_lens[seq]).to(torch.int32)
+            row_seq = seq.to(torch.int32)
+        masks = {w: None if m is None else m[:, 0].contiguous() for w, m in layout.masks.items()}
+        key_slots = None if layout.kv_slots is None else layout.kv_slots.contiguous()
+        kv_start = layout.kv_range[0] if layout.kv_range is not None else 0
+        return cls(key_slots, kv_start, row_seq, row_q, batch.context_lens.contiguous(), masks,
+                   max(batch.query_lens), max(batch.context_lens_host))  # fmt: skip
+
+
+class _Linear(ctypes.Structure):
+    """layer.c's Linear: one packed weight (kind 0 float32, 1 float16, 2 codes), out, in."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p), ("out", ctypes.c_int64), ("inp", ctypes.c_int64),
+    ]  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    """layer.c's Layer: norms, the four products, the index of its window's mask."""
+
+    _fields_ = [
+        *[(name, ctypes.c_void_p) for name in ("input_norm", "post_norm", "q_norm", "k_norm")],
+        *[(name, _Linear) for name in ("qkv", "o", "gate_up", "down")],
+        ("window", ctypes.c_int64),
+    ]
+
+
+class _Keys(ctypes.Structure):
+    """layer.c's Keys: a KeyPlan's pointers."""
+
+    _fields_ = [("key_slots", ctypes.c_void_p), ("kv_start", ctypes.c_int64),
+                ("row_seq", ctypes.c_void_p), ("row_q", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p), ("masks", ctypes.POINTER(ctypes.c_void_p)),
+                ("num_masks", ctypes.c_int64), ("max_q", ctypes.c_int64),
+                ("max_ctx", ctypes.c_int64)]  # fmt: skip
+
+
+def _ptr(x: torch.Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
+
+
+def _linear(lin: Linear) -> _Linear:
+    packed = cast(torch.Tensor, lin.weight)
+    kind = 2 if lin.native_scales is not None else 1 if packed.dtype == torch.float16 else 0
+    return _Linear(kind, packed.data_ptr(), _ptr(lin.native_scales), _ptr(lin.bias),
+                   lin.out_features, _columns(lin))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NativeStack:
+    """A model's layers as layer.c reads them (built once; the tensors stay the model's)."""
+
+    layers: ctypes.Array[_Layer]
+    windows: list[int | None]  # the mask of window windows[i] is Keys.masks[i]
+
+    @classmethod
+    def build(cls, model: LlamaModel) -> NativeStack:
+        windows = sorted(model.windows, key=lambda w: -1 if w is None else w)
+        layers = [
+            _Layer(_ptr(layer.input_norm), _ptr(layer.post_norm), _ptr(layer.q_norm),
+                   _ptr(layer.k_norm), _linear(layer.qkv), _linear(layer.o),
+                   _linear(layer.gate_up), _linear(layer.down), windows.index(layer.window))
+            for layer in model.layers
+        ]  # fmt: skip
+        return cls((_Layer * len(layers))(*layers), windows)
+
+
+def decoder_stack(
+    model: LlamaModel, stack: NativeStack, batch: ForwardBatch, kv: KVCache,
+    feature_layers: Sequence[int],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """What LlamaModel.decoder_stack computes, in one call of layer.c: final-normed hidden
+    states [T, hidden] and the residual stream entering each layer in feature_layers."""
+    kernel, c = loaded(), model.config
+    plan = KeyPlan.build(batch, model.windows)
+    cos, sin = rope_cos_sin(batch.positions, model.inv_freq, model.dtype)  # [T, dim] each
+    x = model.embed.index_select(0, batch.input_ids)  # [T, hidden], the residual stream
+    rows, hidden = x.shape
+    final = torch.empty_like(x)  # [T, hidden]
+    num_layers = len(model.layers)
+    features = {i: torch.empty_like(x) for i in feature_layers if i < num_layers}
+    features[num_layers] = x  # after the last layer: the stream itself
+    captured = (ctypes.c_void_p * num_layers)(*[_ptr(features.get(i)) for i in range(num_layers)])
+    masks = (ctypes.c_void_p * len(stack.windows))(*[_ptr(plan.masks[w]) for w in stack.windows])
+    keys = _Keys(_ptr(plan.key_slots), plan.kv_start, plan.row_seq.data_ptr(),
+                 plan.row_q.data_ptr(), plan.ctx.data_ptr(), masks, len(stack.windows),
+                 plan.max_q, plan.max_ctx)  # fmt: skip
+    kc = (ctypes.c_void_p * num_layers)(*[k.data_ptr() for k in kv.k])
+    vc = (ctypes.c_void_p * num_layers)(*[v.data_ptr() for v in kv.v])
+    slots = batch.slot_mapping.contiguous()
+    kernel.lib.verispec_decoder_stack(
+        kernel.isa, stack.layers, num_layers, kc, vc, x.data_ptr(), model.final_norm.data_ptr(),
+        final.data_ptr(), captured, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+        ctypes.byref(keys), rows, hidden, c.num_heads, c.num_kv_heads, c.head_dim,
+        c.intermediate_size, c.rms_norm_eps, torch.get_num_threads(),
+    )  # fmt: skip
+    return final, [features[i] for i in feature_layers]
