@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -37,6 +39,12 @@ class KVCache:
         # place (a write into a slice of a shared base would be traced as a copy of the base).
         self.k = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
         self.v = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
+
+    @functools.cached_property
+    def addresses(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Every layer's key and value tensor addresses (the native decoder stack reads and
+        writes them in place; the tensors are never replaced)."""
+        return tuple(k.data_ptr() for k in self.k), tuple(v.data_ptr() for v in self.v)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, head_dim] of the new tokens at slots [T] (index_put_, which

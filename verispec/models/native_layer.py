@@ -27,7 +27,6 @@ from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
 from verispec.models.linear import Linear
 from verispec.models.native_linear import loaded
-from verispec.models.rope import rope_cos_sin
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
@@ -160,7 +159,6 @@ def decoder_stack(
     states [T, hidden] and the residual stream entering each layer in feature_layers."""
     kernel, c = loaded(), model.config
     plan = KeyPlan.build(batch, model.windows)
-    cos, sin = rope_cos_sin(batch.positions, model.inv_freq, model.dtype)  # [T, dim] each
     x = model.embed.index_select(0, batch.input_ids)  # [T, hidden], the residual stream
     rows, hidden = x.shape
     final = torch.empty_like(x)  # [T, hidden]
@@ -172,12 +170,12 @@ def decoder_stack(
     keys = _Keys(_ptr(plan.key_slots), plan.kv_start, plan.row_seq.data_ptr(),
                  plan.row_q.data_ptr(), plan.ctx.data_ptr(), masks, len(stack.windows),
                  plan.max_q, plan.max_ctx)  # fmt: skip
-    kc = (ctypes.c_void_p * num_layers)(*[k.data_ptr() for k in kv.k])
-    vc = (ctypes.c_void_p * num_layers)(*[v.data_ptr() for v in kv.v])
-    slots = batch.slot_mapping.contiguous()
+    kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
+    slots, positions = batch.slot_mapping.contiguous(), batch.positions.contiguous()
     kernel.lib.verispec_decoder_stack(
         kernel.isa, stack.layers, num_layers, kc, vc, x.data_ptr(), model.final_norm.data_ptr(),
-        final.data_ptr(), captured, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+        final.data_ptr(), captured, positions.data_ptr(), model.inv_freq.data_ptr(),
+        slots.data_ptr(),
         ctypes.byref(keys), rows, hidden, c.num_heads, c.num_kv_heads, c.head_dim,
         c.intermediate_size, c.rms_norm_eps, torch.get_num_threads(),
     )  # fmt: skip

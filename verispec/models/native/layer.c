@@ -110,6 +110,19 @@ FAST static void rotate(float *x, const float *cos, const float *sin, int64_t di
   for (int64_t i = 0; i < dim; i++) x[i] = x[i] * cos[i] + r[i] * sin[i];
 }
 
+/* The rotary tables cos, sin [rows, dim] of the rows' positions, as rope.py's rope_cos_sin:
+ * angle i (and i + dim / 2) of a row = (float)position * inv_freq[i]. */
+static void rotary_tables(const int64_t *positions, const float *inv_freq, float *cos,
+                          float *sin, int64_t rows, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t t = 0; t < rows; t++)
+    for (int64_t i = 0; i < half; i++) {
+      const float angle = (float)positions[t] * inv_freq[i];
+      cos[t * dim + i] = cos[t * dim + half + i] = cosf(angle);
+      sin[t * dim + i] = sin[t * dim + half + i] = sinf(angle);
+    }
+}
+
 /* qkv [rows, (heads + 2 kv_heads) * dim]: queries, keys, values of each new token. In place:
  * the per-head norms (q_norm / k_norm [dim], Qwen3; NULL to skip), then rotation of queries
  * and keys by cos / sin [rows, dim]; then the keys and values are stored at kv slot slots[t] of
@@ -345,13 +358,14 @@ typedef struct {
 
 /* The residual stream x [rows, hidden] through every layer, then out = RMSNorm(x) *
  * final_norm. Layer i writes its new keys and values at slots[t] of kc[i] / vc[i] and, when
- * captured[i] is not NULL, copies x as it enters the layer there (EAGLE's features). cos and
- * sin [rows, dim]: the rotary tables of the rows' positions. Per layer, as llama.py's
+ * captured[i] is not NULL, copies x as it enters the layer there (EAGLE's features); row t
+ * is rotated by its position positions[t] (inv_freq [dim / 2]: rope.py's). Per layer, as llama.py's
  * decoder_layer: x += delta, normed = norm(x); qkv; rotate and store keys and values; attend;
  * x += o(...), normed = norm(x); delta = down(silu(gate) * up). */
 void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
                             float *const *vc, float *x, const float *final_norm, float *out,
-                            float *const *captured, const float *cos, const float *sin,
+                            float *const *captured, const int64_t *positions,
+                            const float *inv_freq,
                             const int64_t *slots, const Keys *keys, int64_t rows,
                             int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
                             int64_t inter, float eps, int threads) {
@@ -362,6 +376,9 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
   float *attn = malloc(sizeof(float) * (size_t)(rows * heads * dim));
   float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inter));
   float *act = malloc(sizeof(float) * (size_t)(rows * inter));
+  float *cos = malloc(sizeof(float) * (size_t)(rows * dim));
+  float *sin = malloc(sizeof(float) * (size_t)(rows * dim));
+  rotary_tables(positions, inv_freq, cos, sin, rows, dim);
   Visible *visible = malloc(sizeof(Visible) * (size_t)keys->num_masks);
   for (int64_t w = 0; w < keys->num_masks; w++)
     visible[w] = visible_keys(keys, keys->masks[w], rows, threads);
@@ -384,6 +401,8 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
   add_rms_norm(x, num_layers ? delta : NULL, final_norm, out, rows, hidden, eps, threads);
   for (int64_t w = 0; w < keys->num_masks; w++) free(visible[w].slots), free(visible[w].count);
   free(visible);
+  free(sin);
+  free(cos);
   free(act);
   free(gate_up);
   free(attn);
