@@ -25,19 +25,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
+from verispec.models import native_layer
 from verispec.models.attention import AttentionLayout
 from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.linear import Linear, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
+from verispec.models.native_layer import NativeStack
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -200,6 +202,10 @@ class EagleHead:
         )
         self.compiled: CompiledStack | None = None
         """The head's step under torch.compile (see compile); None = eager."""
+        self.native: NativeStack | None = None
+        """Where set, eager steps run the layer in native code (native_layer.py)."""
+        if native_layer.supported([self.layer], self.layer_config, self.embed):
+            self.native = NativeStack([self.layer], self.layer_config, self.inv_freq, self.norm)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -221,6 +227,8 @@ class EagleHead:
         """One head step over a ragged batch; feature [T, hidden] per row (fused target
         features or the head's own output). Returns out [T, hidden] (the next rows' feature)
         and draft logits [L, draft vocab] float32 for batch.logits_indices."""
+        if self.native is not None and self.compiled is None:
+            return self.native_step(batch, kv, feature)
         layout = AttentionLayout.build(batch, {None}, self.batch_invariant,
                                        grouped=self.compiled is None)  # fmt: skip
         step = self.compiled or self.step
@@ -249,6 +257,19 @@ class EagleHead:
         out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
         rows = out.index_select(0, logits_indices)
         return out, self.lm_head(rms_norm(rows, self.norm, eps)).float()
+
+    def native_step(
+        self, batch: ForwardBatch, kv: KVCache, feature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """step's values (within float32 rounding) with the layer in one native call: the
+        normed embedding and feature side by side are its first input, the feature its
+        residual stream."""
+        eps = self.config.rms_norm_eps
+        e = rms_norm(self.embed.index_select(0, batch.input_ids), self.layer.input_norm, eps)
+        first = torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)  # [T, 2 * hidden]
+        out = feature.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
+        normed, _ = cast(NativeStack, self.native).run(batch, kv, out, first_input=first)
+        return out, self.lm_head(normed.index_select(0, batch.logits_indices)).float()
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the head's step through torch.compile from now on (models/compiled.py)."""

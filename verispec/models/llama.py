@@ -73,9 +73,11 @@ class LlamaModel:
         """Attention row by row over exactly its visible keys (see Linear.row_wise)."""
         self.compiled: CompiledStack | None = None
         """The decoder stack under torch.compile (see compile); None = eager."""
-        self.native = native_layer.NativeStack.build(self) if native_layer.supported(self) else None
+        self.native: native_layer.NativeStack | None = None
         """Where set, eager forwards run the whole stack in native code (native_layer.py: the
         same values within float32 rounding, one call); None = the torch operators below."""
+        if native_layer.supported(layers, config, embed):
+            self.native = native_layer.NativeStack(layers, config, self.inv_freq, final_norm)
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""
@@ -115,7 +117,8 @@ class LlamaModel:
         last layer, before the final norm), as EAGLE-3 reads its low, middle and high layers."""
         self.check_feature_layers(feature_layers)
         if self.native is not None and self.compiled is None:
-            return native_layer.decoder_stack(self, self.native, batch, kv, feature_layers)
+            x = self.embed.index_select(0, batch.input_ids)  # [T, hidden]
+            return self.native.run(batch, kv, x, feature_layers)
         layout = AttentionLayout.build(batch, self.windows, self.batch_invariant,
                                        grouped=self.compiled is None)  # fmt: skip
         stack = self.compiled or self.decoder_stack

@@ -25,26 +25,27 @@ import torch
 
 from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
+from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
 from verispec.models.native_linear import loaded
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
-    from verispec.models.llama import LlamaModel
+    from verispec.models.llama import DecoderLayer
 
 
-def supported(model: LlamaModel) -> bool:
-    """Whether model can run this stack: float32 on the CPU, every layer's products on the
+def supported(layers: Sequence[DecoderLayer], config: ModelConfig, embed: torch.Tensor) -> bool:
+    """Whether these layers can run this stack: float32 on the CPU, every product on the
     native kernel (so the library is loaded) with no column padding (the stack passes its
     buffers to the kernel as they are), and an even head dimension (rotary halves)."""
-    linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up,
-                                                          layer.down)]  # fmt: skip
+    linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up,
+                                                    layer.down)]  # fmt: skip
     return (
-        model.device.type == "cpu"
-        and model.dtype == torch.float32
+        embed.device.type == "cpu"
+        and embed.dtype == torch.float32
         and bool(linears)
         and all(lin.kernel == "native" and _columns(lin) == lin.in_features for lin in linears)
-        and model.config.head_dim % 2 == 0
+        and config.head_dim % 2 == 0
     )
 
 
@@ -132,51 +133,54 @@ def _linear(lin: Linear) -> _Linear:
                    lin.out_features, _columns(lin))  # fmt: skip
 
 
-@dataclass(frozen=True)
 class NativeStack:
-    """A model's layers as layer.c reads them (built once; the tensors stay the model's)."""
+    """Decoder layers as layer.c reads them (built once; the tensors stay their owner's), and
+    the one call that runs them all."""
 
-    layers: ctypes.Array[_Layer]
-    windows: list[int | None]  # the mask of window windows[i] is Keys.masks[i]
-
-    @classmethod
-    def build(cls, model: LlamaModel) -> NativeStack:
-        windows = sorted(model.windows, key=lambda w: -1 if w is None else w)
-        layers = [
+    def __init__(self, layers: Sequence[DecoderLayer], config: ModelConfig,
+                 inv_freq: torch.Tensor, final_norm: torch.Tensor) -> None:  # fmt: skip
+        self.config = config
+        self.inv_freq = inv_freq  # [head_dim / 2]
+        self.final_norm = final_norm  # [hidden]
+        self.windows = sorted({layer.window for layer in layers},
+                              key=lambda w: -1 if w is None else w)  # fmt: skip
+        """The mask of window windows[i] is Keys.masks[i]."""
+        structs = [
             _Layer(_ptr(layer.input_norm), _ptr(layer.post_norm), _ptr(layer.q_norm),
                    _ptr(layer.k_norm), _linear(layer.qkv), _linear(layer.o),
-                   _linear(layer.gate_up), _linear(layer.down), windows.index(layer.window))
-            for layer in model.layers
+                   _linear(layer.gate_up), _linear(layer.down), self.windows.index(layer.window))
+            for layer in layers
         ]  # fmt: skip
-        return cls((_Layer * len(layers))(*layers), windows)
+        self.layers = (_Layer * len(structs))(*structs)
 
-
-def decoder_stack(
-    model: LlamaModel, stack: NativeStack, batch: ForwardBatch, kv: KVCache,
-    feature_layers: Sequence[int],
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """What LlamaModel.decoder_stack computes, in one call of layer.c: final-normed hidden
-    states [T, hidden] and the residual stream entering each layer in feature_layers."""
-    kernel, c = loaded(), model.config
-    plan = KeyPlan.build(batch, model.windows)
-    x = model.embed.index_select(0, batch.input_ids)  # [T, hidden], the residual stream
-    rows, hidden = x.shape
-    final = torch.empty_like(x)  # [T, hidden]
-    num_layers = len(model.layers)
-    features = {i: torch.empty_like(x) for i in feature_layers if i < num_layers}
-    features[num_layers] = x  # after the last layer: the stream itself
-    captured = (ctypes.c_void_p * num_layers)(*[_ptr(features.get(i)) for i in range(num_layers)])
-    masks = (ctypes.c_void_p * len(stack.windows))(*[_ptr(plan.masks[w]) for w in stack.windows])
-    keys = _Keys(_ptr(plan.key_slots), plan.kv_start, plan.row_seq.data_ptr(),
-                 plan.row_q.data_ptr(), plan.ctx.data_ptr(), masks, len(stack.windows),
-                 plan.max_q, plan.max_ctx)  # fmt: skip
-    kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
-    slots, positions = batch.slot_mapping.contiguous(), batch.positions.contiguous()
-    kernel.lib.verispec_decoder_stack(
-        kernel.isa, stack.layers, num_layers, kc, vc, x.data_ptr(), model.final_norm.data_ptr(),
-        final.data_ptr(), captured, positions.data_ptr(), model.inv_freq.data_ptr(),
-        slots.data_ptr(),
-        ctypes.byref(keys), rows, hidden, c.num_heads, c.num_kv_heads, c.head_dim,
-        c.intermediate_size, c.rms_norm_eps, torch.get_num_threads(),
-    )  # fmt: skip
-    return final, [features[i] for i in feature_layers]
+    def run(
+        self, batch: ForwardBatch, kv: KVCache, x: torch.Tensor,
+        feature_layers: Sequence[int] = (), first_input: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+        """The residual stream x [T, hidden] (updated in place) through every layer; returns
+        the final-normed stream [T, hidden] and the stream entering each layer in
+        feature_layers (index num_layers: after the last). first_input: layer 0's normed input
+        as given (layer.c's verispec_decoder_stack says when)."""
+        kernel, c, num_layers = loaded(), self.config, len(self.layers)
+        plan = KeyPlan.build(batch, set(self.windows))
+        rows, hidden = x.shape
+        final = torch.empty_like(x)  # [T, hidden]
+        features = {i: torch.empty_like(x) for i in feature_layers if i < num_layers}
+        features[num_layers] = x  # after the last layer: the stream itself
+        captured = (ctypes.c_void_p * num_layers)(*[_ptr(features.get(i))
+                                                    for i in range(num_layers)])  # fmt: skip
+        masks = (ctypes.c_void_p * len(self.windows))(*[_ptr(plan.masks[w])
+                                                        for w in self.windows])  # fmt: skip
+        keys = _Keys(_ptr(plan.key_slots), plan.kv_start, plan.row_seq.data_ptr(),
+                     plan.row_q.data_ptr(), plan.ctx.data_ptr(), masks, len(self.windows),
+                     plan.max_q, plan.max_ctx)  # fmt: skip
+        kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
+        slots, positions = batch.slot_mapping.contiguous(), batch.positions.contiguous()
+        kernel.lib.verispec_decoder_stack(
+            kernel.isa, self.layers, num_layers, kc, vc, x.data_ptr(), _ptr(first_input),
+            self.final_norm.data_ptr(), final.data_ptr(), captured, positions.data_ptr(),
+            self.inv_freq.data_ptr(), slots.data_ptr(), ctypes.byref(keys), rows, hidden,
+            c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return final, [features[i] for i in feature_layers]

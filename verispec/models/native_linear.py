@@ -144,7 +144,7 @@ def _load() -> NativeKernel | NativeUnavailable:
 def _declare_layer_functions(lib: ctypes.CDLL) -> None:
     """Argument types of layer.c's entry point (see native_layer.py)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 10, *[i64] * 6,
+    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 11, *[i64] * 6,
                                            ctypes.c_float, ctypes.c_int]  # fmt: skip
     lib.verispec_decoder_stack.restype = None
 

@@ -359,13 +359,15 @@ typedef struct {
 /* The residual stream x [rows, hidden] through every layer, then out = RMSNorm(x) *
  * final_norm. Layer i writes its new keys and values at slots[t] of kc[i] / vc[i] and, when
  * captured[i] is not NULL, copies x as it enters the layer there (EAGLE's features); row t
- * is rotated by its position positions[t] (inv_freq [dim / 2]: rope.py's). Per layer, as llama.py's
- * decoder_layer: x += delta, normed = norm(x); qkv; rotate and store keys and values; attend;
- * x += o(...), normed = norm(x); delta = down(silu(gate) * up). */
+ * is rotated by its position positions[t] (inv_freq [dim / 2]: rope.py's). Per layer, as
+ * llama.py's decoder_layer: x += delta, normed = norm(x); qkv; rotate and store keys and
+ * values; attend; x += o(...), normed = norm(x); delta = down(silu(gate) * up). first_input,
+ * when not NULL, is layer 0's normed input [rows, its qkv's in] as given (an EAGLE head's
+ * normed token embedding and feature side by side; x then holds the feature). */
 void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
-                            float *const *vc, float *x, const float *final_norm, float *out,
-                            float *const *captured, const int64_t *positions,
-                            const float *inv_freq,
+                            float *const *vc, float *x, const float *first_input,
+                            const float *final_norm, float *out, float *const *captured,
+                            const int64_t *positions, const float *inv_freq,
                             const int64_t *slots, const Keys *keys, int64_t rows,
                             int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
                             int64_t inter, float eps, int threads) {
@@ -384,10 +386,12 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
     visible[w] = visible_keys(keys, keys->masks[w], rows, threads);
   for (int64_t i = 0; i < num_layers; i++) {
     const Layer *l = layers + i;
-    add_rms_norm(x, i ? delta : NULL, l->input_norm, normed, rows, hidden, eps, threads);
+    const float *input = i == 0 && first_input ? first_input : normed;
+    if (input == normed)
+      add_rms_norm(x, i ? delta : NULL, l->input_norm, normed, rows, hidden, eps, threads);
     if (captured[i])
       for (int64_t k = 0; k < rows * hidden; k++) captured[i][k] = x[k];
-    linear(isa, &l->qkv, normed, qkv, rows, threads);
+    linear(isa, &l->qkv, input, qkv, rows, threads);
     rope_store(qkv, cos, sin, l->q_norm, l->k_norm, eps, slots, kc[i], vc[i], rows, heads,
                kv_heads, dim);
     attend(qkv, kc[i], vc[i], visible + l->window, attn, rows, heads, kv_heads, dim,
