@@ -290,16 +290,18 @@ def test_readme_main_job_answers_in_a_real_process(smollm2_path: Path) -> None:
     assert "tokens/s" in stats and "drafts" in stats, stats
 
 
-def test_default_model_drafts_with_its_head_and_prompt_lookup() -> None:
+def test_default_model_drafts_by_prompt_lookup() -> None:
+    """SmolLM2's shipped head is not its default drafter: prompt lookup was measured faster
+    (hub.py); the head stays one --method away (next test)."""
+
     def spec(*args: str) -> object:
         return spec_config(build_parser().parse_args(["generate", "x", *args]))
 
     assert spec() == "auto"
     auto = default_speculative(None)
-    assert auto == own_speculative(None, HEAD_METHOD)
-    assert auto.tree_topk > 1 and auto.prompt_lookup_tokens  # a head tree with a lookup grafted
-    k2 = spec("--k", "2")  # the same head, as a chain of 2
-    assert (k2.method, k2.num_speculative_tokens, k2.model) == (HEAD_METHOD, 2, auto.model)
+    assert auto == SpecConfig(method=MODEL_FREE_METHOD)
+    k2 = spec("--k", "2")  # the same drafter, 2 tokens a step
+    assert (k2.method, k2.num_speculative_tokens, k2.model) == (MODEL_FREE_METHOD, 2, None)
     lookup = spec("--method", MODEL_FREE_METHOD)
     assert (lookup.method, lookup.model) == (MODEL_FREE_METHOD, None)
     assert spec("--method", PLAIN) is None

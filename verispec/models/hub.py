@@ -69,7 +69,10 @@ NAMED_MODELS = MappingProxyType({
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             download_mb=93,
         ),
-        head="smollm2-135m-instruct-eagle", auto_head=True,
+        # Not auto_head since the native decoder stack (2026-12-01): a plain step got 2x
+        # cheaper, a 14-node tree verify did not, and prompt lookup (k = 4, 1.23x plain) beat
+        # the head's tree (0.52x) and chains (0.73-0.91x) on chat (docs/benchmarks.md).
+        head="smollm2-135m-instruct-eagle", auto_head=False,
     ),
     "embedded-code": NamedModel(
         description="verispec's own 22M Python-code model, trained on the standard library",
