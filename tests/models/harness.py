@@ -79,3 +79,13 @@ def run_shapes(runner: Runner, vocab: int) -> list[torch.Tensor]:
     out.append(runner.forward([a.chunk(random_ids(4, vocab, 7), 4, tree, [36, 37, 37, 38])]))
     out.append(runner.forward([b.chunk(random_ids(1, vocab, 8)), a.chunk(random_ids(1, vocab, 9))]))
     return out
+
+
+def assert_runs_match(got: Runner, want: Runner, atol: float) -> None:
+    """run_shapes on both runners gives the same logits and KV entries within atol."""
+    vocab = want.model.config.vocab_size
+    for i, (a, b) in enumerate(zip(run_shapes(got, vocab), run_shapes(want, vocab), strict=True)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=f"forward {i}")
+    slots = torch.arange(64 * 4)
+    for a, b in zip(got.kv.read(slots), want.kv.read(slots), strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0)

@@ -16,7 +16,7 @@ from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 from verispec.models.native_linear import NativeKernel, native_kernel
 
-from .harness import Runner, random_ids, run_shapes
+from .harness import Runner, assert_runs_match, random_ids
 
 pytestmark = pytest.mark.skipif(
     not isinstance(native_kernel(), NativeKernel), reason="the native kernel cannot run here"
@@ -40,16 +40,9 @@ def family_path(request: pytest.FixtureRequest, tmp_path_factory, tokenizer) -> 
     return path
 
 
-def assert_same_run(path: Path, vocab: int = 320) -> None:
+def assert_same_run(path: Path) -> None:
     """Every kind of forward gives the same logits and KV entries on both paths."""
-    fast, ref = Runner(load(path)), Runner(load(path, native=False))
-    for i, (got, want) in enumerate(
-        zip(run_shapes(fast, vocab), run_shapes(ref, vocab), strict=True)
-    ):
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=f"forward {i}")
-    slots = torch.arange(64 * 4)
-    for got, want in zip(fast.kv.read(slots), ref.kv.read(slots), strict=True):
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert_runs_match(Runner(load(path)), Runner(load(path, native=False)), ATOL)
 
 
 def test_native_stack_matches_the_torch_operators(family_path: Path) -> None:
