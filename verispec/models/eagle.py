@@ -249,8 +249,7 @@ class EagleHead:
         slot_mapping [T]; feature [T, hidden]; logits_indices [L])."""
         eps = self.config.rms_norm_eps
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim]
-        e = rms_norm(self.embed.index_select(0, input_ids), self.layer.input_norm, eps)
-        x = torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)  # [T, 2 * hidden]
+        x = self.layer_input(input_ids, feature)  # [T, 2 * hidden]
         y = feature + self_attention(self.layer_config, 0, self.layer, x, slot_mapping, kv,
                                      layout, cos, sin)  # fmt: skip
         gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
@@ -264,12 +263,17 @@ class EagleHead:
         """step's values (within float32 rounding) with the layer in one native call: the
         normed embedding and feature side by side are its first input, the feature its
         residual stream."""
-        eps = self.config.rms_norm_eps
-        e = rms_norm(self.embed.index_select(0, batch.input_ids), self.layer.input_norm, eps)
-        first = torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)  # [T, 2 * hidden]
+        first = self.layer_input(batch.input_ids, feature)  # [T, 2 * hidden]
         out = feature.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
         normed, _ = cast(NativeStack, self.native).run(batch, kv, out, first_input=first)
         return out, self.lm_head(normed.index_select(0, batch.logits_indices)).float()
+
+    def layer_input(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+        """What the head's q/k/v read: the normed token embedding and the normed feature side
+        by side, [T, 2 * hidden]."""
+        eps = self.config.rms_norm_eps
+        e = rms_norm(self.embed.index_select(0, input_ids), self.layer.input_norm, eps)
+        return torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the head's step through torch.compile from now on (models/compiled.py)."""

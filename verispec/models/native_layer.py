@@ -27,7 +27,7 @@ from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
-from verispec.models.native_linear import loaded
+from verispec.models.native_linear import kind_of, loaded
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
@@ -128,9 +128,9 @@ def _ptr(x: torch.Tensor | None) -> int | None:
 
 def _linear(lin: Linear) -> _Linear:
     packed = cast(torch.Tensor, lin.weight)
-    kind = 2 if lin.native_scales is not None else 1 if packed.dtype == torch.float16 else 0
-    return _Linear(kind, packed.data_ptr(), _ptr(lin.native_scales), _ptr(lin.bias),
-                   lin.out_features, _columns(lin))  # fmt: skip
+    return _Linear(kind_of(packed, lin.native_scales), packed.data_ptr(),
+                   _ptr(lin.native_scales), _ptr(lin.bias), lin.out_features,
+                   _columns(lin))  # fmt: skip
 
 
 class NativeStack:

@@ -38,9 +38,9 @@ work (layer.c, used by native_layer.py)."""
 ROWS = 16
 """Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
 CHUNK_ROWS = 128
-"""Rows of x per kernel call: every weight block re-reads the call's rows, which must stay in
-the core's cache (512-row prefill chunks ran 1.2x faster split in four; rows are independent,
-so splitting changes no result)."""
+"""Rows of x per kernel pass (linear.c's CHUNK_ROWS): every weight block re-reads the pass's
+rows, which must stay in the core's cache (512-row prefill chunks ran 1.2x faster split in
+four; rows are independent, so splitting changes no result)."""
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)
 
@@ -130,13 +130,9 @@ def _load() -> NativeKernel | NativeUnavailable:
     if isa not in _ISA_NAMES:
         return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    for name in ("verispec_linear_f32", "verispec_linear_f16"):
-        fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_int, *[pointer] * 4, size, size, size, size, ctypes.c_int]
-        fn.restype = None
-    lib.verispec_linear_q8.argtypes = [ctypes.c_int, *[pointer] * 5, size, size, size, size,
-                                       ctypes.c_int]  # fmt: skip
-    lib.verispec_linear_q8.restype = None
+    lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
+                                    size, ctypes.c_int]  # fmt: skip
+    lib.verispec_linear.restype = None
     _declare_layer_functions(lib)
     return NativeKernel(lib, isa)
 
@@ -338,22 +334,17 @@ def _product(
         x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
     rows = x.shape[0]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    bias_ptr = None if bias is None else bias.data_ptr()
-    threads = torch.get_num_threads()
-    for start in range(0, rows, CHUNK_ROWS):  # x rows a call re-reads from cache per block
-        n = min(CHUNK_ROWS, rows - start)
-        shape = (n, out_features, columns, out_features, threads)
-        if scales is not None:
-            kernel.lib.verispec_linear_q8(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
-                                          scales.data_ptr(), bias_ptr, y[start].data_ptr(),
-                                          *shape)  # fmt: skip
-        elif packed.dtype == torch.float16:
-            kernel.lib.verispec_linear_f16(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
-                                           bias_ptr, y[start].data_ptr(), *shape)  # fmt: skip
-        else:
-            kernel.lib.verispec_linear_f32(kernel.isa, x[start].data_ptr(), packed.data_ptr(),
-                                           bias_ptr, y[start].data_ptr(), *shape)  # fmt: skip
+    kernel.lib.verispec_linear(kernel.isa, kind_of(packed, scales), x.data_ptr(),
+                               packed.data_ptr(), None if scales is None else scales.data_ptr(),
+                               None if bias is None else bias.data_ptr(), y.data_ptr(), rows,
+                               out_features, columns, torch.get_num_threads())  # fmt: skip
     return y
+
+
+def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
+    """linear.c's kind of a packed weight: 2 = 8-bit codes (with scales), 1 = float16, 0 =
+    float32."""
+    return 2 if scales is not None else 1 if packed.dtype == torch.float16 else 0
 
 
 @torch.library.custom_op("verispec::native_linear", mutates_args=())

@@ -313,13 +313,8 @@ FAST static void silu_mul(const float *h, float *out, int64_t rows, int64_t inte
 
 /* ------------------------------------------------------------------ the decoder stack */
 
-void verispec_linear_f32(int isa, const float *x, const float *w, const float *bias, float *y,
-                         int64_t T, int64_t N, int64_t K, int64_t ldy, int threads);
-void verispec_linear_f16(int isa, const float *x, const uint16_t *w, const float *bias,
-                         float *y, int64_t T, int64_t N, int64_t K, int64_t ldy, int threads);
-void verispec_linear_q8(int isa, const float *x, const int8_t *codes, const float *scales,
-                        const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                        int64_t ldy, int threads);
+void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
+                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
 
 /* One linear layer as packed for linear.c: kind 0 = float32, 1 = float16, 2 = 8-bit codes
  * (then scales); out = N, in = K (a multiple of 16, or 32 for codes). */
@@ -330,23 +325,11 @@ typedef struct {
   int64_t out, in;
 } Linear;
 
-#define CHUNK_ROWS 128 /* rows per kernel call, as native_linear.py splits them */
-
 /* y [rows, out] = x [rows, in] W^T (+ b). */
 static void linear(int isa, const Linear *l, const float *x, float *y, int64_t rows,
                    int threads) {
-  for (int64_t t = 0; t < rows; t += CHUNK_ROWS) {
-    const int64_t n = rows - t < CHUNK_ROWS ? rows - t : CHUNK_ROWS;
-    const float *xt = x + t * l->in;
-    float *yt = y + t * l->out;
-    if (l->kind == 2)
-      verispec_linear_q8(isa, xt, l->w, l->scales, l->bias, yt, n, l->out, l->in, l->out,
-                         threads);
-    else if (l->kind == 1)
-      verispec_linear_f16(isa, xt, l->w, l->bias, yt, n, l->out, l->in, l->out, threads);
-    else
-      verispec_linear_f32(isa, xt, l->w, l->bias, yt, n, l->out, l->in, l->out, threads);
-  }
+  verispec_linear(isa, (int)l->kind, x, l->w, l->scales, l->bias, y, rows, l->out, l->in,
+                  threads);
 }
 
 /* One decoder layer's weights; window: which of Keys.masks its attention uses. */
