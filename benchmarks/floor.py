@@ -32,6 +32,7 @@ MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp16": (lambda: pull("smollm2-135m-instruct"), "fp16"),
     "embedded-target": (lambda: embedded_model_path("target"), None),
     "embedded-draft": (lambda: embedded_model_path("draft"), None),
+    "embedded-draft-q8_0": (lambda: embedded_model_path("draft"), "q8_0"),  # lossy: a draft may be
 }
 QS = (1, 2, 4, 8, 16)
 
@@ -99,13 +100,14 @@ def print_table(rows: list[FloorRow]) -> None:
 
 
 def print_draft_cost(rows: list[FloorRow]) -> None:
-    """c = one draft decode step / one target decode step, per mode, for the embedded pair."""
+    """c = one draft decode step / one target decode step, per mode, for the embedded pair (with
+    the draft as stored and rounded to q8_0)."""
     by = {(r.model, r.mode): r for r in rows}
-    for mode in dict.fromkeys(r.mode for r in rows):
-        target, draft = by.get(("embedded-target", mode)), by.get(("embedded-draft", mode))
-        if target and draft:
+    for mode, label in itertools.product(dict.fromkeys(r.mode for r in rows), MODELS):
+        target, draft = by.get(("embedded-target", mode)), by.get((label, mode))
+        if target and draft and label.startswith("embedded-draft"):
             c = draft.decode_ms / target.decode_ms
-            print(f"embedded pair, {mode}: draft cost ratio c = {draft.decode_ms:.2f} / "
+            print(f"embedded pair, {mode}, {label}: draft cost ratio c = {draft.decode_ms:.2f} / "
                   f"{target.decode_ms:.2f} ms = {c:.2f}")  # fmt: skip
 
 

@@ -62,8 +62,9 @@ class EngineConfig:
     last three float32 on CPU only. auto picks native on Intel CPUs (also when compiling),
     elsewhere fp16, else onednn, per weight on a float32 CPU, else torch."""
     quantization: str | None = None
-    """Round the target's linear weights at load: None (off), fp16 or int8 (per channel).
-    Output is then lossless with respect to the quantized target, not the checkpoint."""
+    """Round the target's linear weights at load: None (off), fp16, int8 (per channel) or q8_0
+    (GGUF's 8-bit blocks of 32; the native kernel streams them in 1.25 bytes a value). Output
+    is then lossless with respect to the quantized target, not the checkpoint."""
     batch_invariant: bool = False
     """Compute every token row on its own so its logits never depend on its batch mates
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
@@ -127,7 +128,7 @@ class SpecConfig:
     prompt_lookup_max: int | None = None
     """Longest suffix n-gram prompt lookup tries, first (default 4)."""
     quantization: str | None = None
-    """Round the draft's linear weights at load: None, fp16 or int8. Never affects the
+    """Round the draft's linear weights at load: None, fp16, int8 or q8_0. Never affects the
     output, only how often drafts are accepted (and how fast the draft runs)."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of

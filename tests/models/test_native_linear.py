@@ -203,11 +203,14 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
     packed, scales = linear.weight, linear.native_scales
-    for kernel in kernels():
-        for rows in (9, 40):
-            whole = native_linear._product(kernel, x[:rows], packed, bias, 37, scales)
-            expected = x[:rows].double() @ w.double().T + bias.double()
+    for kernel, b in itertools.product(kernels(), (bias, None)):
+        alone = [native_linear._product(kernel, x[i : i + 1], packed, b, 37, scales)[0]
+                 for i in range(40)]  # fmt: skip
+        # 2-8 rows: tiles of 4 x 4 and their remainders (and 37 outputs: a part block); 40:
+        # each block unpacked once.
+        for rows in (2, 3, 4, 5, 8, 9, 40):
+            whole = native_linear._product(kernel, x[:rows], packed, b, 37, scales)
+            expected = x[:rows].double() @ w.double().T + (0 if b is None else b.double())
             torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
-        for i in range(40):
-            alone = native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)
-            assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)
+            for i in range(rows):
+                assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)

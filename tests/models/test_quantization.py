@@ -13,11 +13,14 @@ from torch.testing import assert_close
 from transformers import PreTrainedModel
 
 from verispec import LLM
+from verispec.models.linear import Linear
 from verispec.models.loader import load_model
+from verispec.models.native_linear import NativeKernel, affine_codes, native_kernel
 from verispec.models.quantization import (
     check_quantization,
     int8_per_channel,
     round_to_fp16,
+    round_to_q8_0,
 )
 
 from .harness import Runner, hf_logits, random_ids
@@ -46,9 +49,37 @@ def test_fp16_rounding_worked_example() -> None:
     assert out.tolist() == [0.0999755859375, 0.5]
 
 
+def test_q8_0_worked_example() -> None:
+    out = round_to_q8_0(torch.tensor([[0.5, -1.0, 0.25] + [0.0] * 29]))
+    assert out.dtype == torch.float32
+    assert out[0, :4].tolist() == [0.50390625, -0.99993896484375, 0.251953125, 0.0]
+
+
+def test_q8_0_is_gguf_q8_0_per_block_of_32() -> None:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 70, generator=g) * torch.logspace(-6, 2, 70)  # scales vary per block
+    out = round_to_q8_0(w)
+    for block in range(0, 70, 32):
+        part, got = w[:, block : block + 32], out[:, block : block + 32]
+        d = (part.abs().amax(1, keepdim=True) / 127).half().float()  # [5, 1]
+        assert torch.equal(got / d, torch.round(part / d).clamp(-127, 127))
+        assert bool(((got - part).abs() <= d / 2 * 1.01).all())  # d rounds to float16
+    assert torch.equal(round_to_q8_0(torch.zeros(2, 32)), torch.zeros(2, 32))
+
+
+@pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel here")
+def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(2))
+    assert affine_codes(w) is None and affine_codes(round_to_q8_0(w)) is not None
+    linear = Linear(w, None, "native", quantization="q8_0")
+    assert linear.weight.dtype == torch.int8  # 1.25 bytes a value instead of 4
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3))
+    assert_close(linear(x).double(), x.double() @ round_to_q8_0(w).double().T, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["int4", "FP16", "", 8])
 def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
-    with pytest.raises(ValueError, match="fp16, int8 or None"):
+    with pytest.raises(ValueError, match="fp16, int8, q8_0 or None"):
         check_quantization(name)  # type: ignore[arg-type]
 
 
@@ -61,6 +92,8 @@ def rounded_like_verispec(model: PreTrainedModel, quantization: str) -> PreTrain
                 w = module.weight
                 if quantization == "fp16":
                     new = round_to_fp16(w)
+                elif quantization == "q8_0":
+                    new = round_to_q8_0(w)
                 else:
                     q, scale = int8_per_channel(w)
                     new = q.float() * scale[:, None]
@@ -80,7 +113,7 @@ def fp32_checkpoint(
     return path, make_checkpoint(path, request.param, tokenizer, layer_scale=8.0)
 
 
-@pytest.mark.parametrize("quantization", ["fp16", "int8"])
+@pytest.mark.parametrize("quantization", ["fp16", "int8", "q8_0"])
 def test_quantized_model_is_the_rounded_model(
     fp32_checkpoint: tuple[Path, PreTrainedModel], quantization: str
 ) -> None:
@@ -96,5 +129,5 @@ def test_quantized_model_is_the_rounded_model(
 
 
 def test_engine_options_are_checked(llama_checkpoint: Path) -> None:
-    with pytest.raises(ValueError, match="quantization must be one of fp16, int8"):
+    with pytest.raises(ValueError, match="quantization must be one of fp16, int8, q8_0"):
         LLM(model=str(llama_checkpoint), quantization="int4")

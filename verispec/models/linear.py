@@ -10,7 +10,7 @@ import torch
 
 from verispec.models import native_linear
 from verispec.models.native_linear import NativeKernel, NativeUnavailable
-from verispec.models.quantization import int8_per_channel, round_to_fp16
+from verispec.models.quantization import int8_per_channel, round_to_fp16, round_to_q8_0
 
 LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
 BACKENDS = ("auto", "torch", "onednn", "fp16", "native")
@@ -108,8 +108,9 @@ def choose_backend(
 def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = None) -> str:
     """The kernel one weight [out, in] runs with, given a backend from `choose_backend`.
 
-    quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" rounds the
-    weight first, so the rules below then pick the fp16 kernel on a float32 CPU.
+    quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" and "q8_0"
+    round the weight first, so the rules below then pick the fp16 kernel on a float32 CPU, or
+    the native kernel's 8-bit codes for q8_0 on an Intel CPU.
 
     "auto" (float32 CPU): on an Intel CPU, "native" when it builds and runs here (verispec's
     own kernel, native_linear.py: it streams each weight in the fewest bytes that hold it
@@ -175,6 +176,8 @@ class Linear:
         self.bias = bias
         if quantization == "fp16":
             weight = round_to_fp16(weight)
+        elif quantization == "q8_0":
+            weight = round_to_q8_0(weight)
         self.kernel = kernel_for(backend, weight, quantization)
         self.row_wise = row_wise and self.kernel != "native"
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit

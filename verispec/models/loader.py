@@ -159,7 +159,7 @@ def load_model(
     from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights;
     after the first load, read from its converted copy in the cache: see gguf_cache.py).
 
-    quantization (None, "fp16", "int8") rounds every linear layer's weight, the LM head
+    quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored. compile runs the decoder stack through
     torch.compile (models/compiled.py).
     """

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-QUANTIZATIONS = ("fp16", "int8")
+QUANTIZATIONS = ("fp16", "int8", "q8_0")
+Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
 def check_quantization(name: str | None, what: str = "quantization") -> None:
@@ -38,3 +39,22 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
     return q.contiguous(), scale.to(weight.dtype)
+
+
+def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """Each 32-value block of a row rounded as GGUF's Q8_0 stores it: d * q with d = max |w| /
+    127 rounded to float16 and q = round(w / d) in [-127, 127] (kept in weight's dtype).
+
+    The native kernel then streams the rounded weight as 8-bit codes, 1.25 bytes a value
+    (native_linear.affine_codes recognises the form); other kernels compute with the rounded
+    float values. Example: a block [0.5, -1.0, 0.25, 0, ...] -> d = fp16(1 / 127) =
+    0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d = 63.5047 rounds to 64), values
+    [0.50390625, -0.99993896484375, 0.251953125, 0, ...].
+    """
+    n, k = weight.shape
+    padded = -(-k // Q8_0_COLUMNS) * Q8_0_COLUMNS
+    w = torch.nn.functional.pad(weight.float(), (0, padded - k)).view(n, -1, Q8_0_COLUMNS)
+    d = (w.abs().amax(-1, keepdim=True) / 127).half().float()  # [N, K/32, 1]
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    q = torch.where(d > 0, torch.round(w / safe).clamp_(-127, 127), torch.zeros_like(w))
+    return (d * q).view(n, padded)[:, :k].to(weight.dtype).contiguous()

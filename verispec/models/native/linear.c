@@ -190,10 +190,33 @@ AVX512 INLINE __m512 q16(const int8_t *q, __m512 d, __m512 m) {
   return _mm512_fmadd_ps(d, qf, m);
 }
 
+/* The sums of 16 accumulators a[j * stride + i] (j, i < 4) in one vector, lane 4 i + j holding
+ * a[j * stride + i]'s: each summed by the very sequence of _mm512_reduce_add_ps (halves of 256,
+ * then 128 bits, then lanes 0 + 2 and 1 + 3, then those two), so a sum does not depend on
+ * which routine reduced it; 30 shuffles and 15 additions in place of 16 such reductions. */
+AVX512 INLINE __m512 reduce16(const __m512 *a, const int stride) {
+  __m512 s[8], u[4], v[2];
+  _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++) { /* a_(2m), a_(2m+1): their 256-bit halves */
+    const __m512 p = a[(2 * m / 4) * stride + (2 * m) % 4];
+    const __m512 q = a[((2 * m + 1) / 4) * stride + (2 * m + 1) % 4];
+    s[m] = _mm512_add_ps(_mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) /* then their 128-bit halves */
+    u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  _Pragma("GCC unroll 2") for (int m = 0; m < 2; m++) /* lanes 0 + 2 and 1 + 3 */
+    v[m] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
-                                  const int G, const int TN) {
+                                  const int G, const int TN, const int8_t *next,
+                                  const float *next_scales) {
   __m512 acc[16][4];
   _Pragma("GCC unroll 16") for (int j = 0; j < G; j++)
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps();
@@ -201,6 +224,12 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
   for (int64_t c = 0; c < chunks; c++) {
     const int8_t *qc = cb + c * R * QC;
     const float *sc = sb + c * 2 * R;
+    if (next) { /* the next block's chunk c into L2, while this one computes from cache */
+      _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
+        _mm_prefetch((const char *)(next + c * R * QC + l), _MM_HINT_T1);
+      _mm_prefetch((const char *)(next_scales + c * 2 * R), _MM_HINT_T1);
+      _mm_prefetch((const char *)(next_scales + c * 2 * R + 16), _MM_HINT_T1);
+    }
     __m512 x0[4], x1[4];
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
       x0[i] = _mm512_loadu_ps(x + (t0 + i) * K + c * QC);
@@ -214,6 +243,15 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
         acc[j][i] = _mm512_fmadd_ps(w1, x1[i], acc[j][i]);
       }
     }
+  }
+  if (G == 4 && TN == 4 && g + 4 <= rows) { /* 16 sums at once, each as reduce_add_ps */
+    const __m512 z = reduce16(&acc[0][0], 4);
+    const __m128 b = bias ? _mm_loadu_ps(bias + n0 + g) : _mm_setzero_ps();
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+      const __m128 s = _mm512_extractf32x4_ps(z, i); /* row t0 + i, weight rows g .. g + 3 */
+      _mm_storeu_ps(y + (t0 + i) * ldy + n0 + g, bias ? _mm_add_ps(s, b) : s);
+    }
+    return;
   }
   _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
     const int64_t n = n0 + g + j;
@@ -239,6 +277,9 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
     }
 }
 
+#define Q8_TILE(TN) \
+  tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, TN, next, next_scales)
+
 AVX512 static void linear_q8_avx512(const float *x, const int8_t *codes, const float *scales,
                                     const float *bias, float *y, int64_t T, int64_t N,
                                     int64_t K, int64_t ldy, int threads) {
@@ -256,14 +297,24 @@ AVX512 static void linear_q8_avx512(const float *x, const int8_t *codes, const f
         block_f32_avx512(x, scratch, bias, y, T, K, ldy, n0, rows);
         continue;
       }
-      tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1);
-      for (int g = 0; g < R; g += 4) {
-        int64_t t0 = 1;
-        for (; t0 + 4 <= T; t0 += 4) tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 4);
+      if (T == 1) { /* streams the block against all 16 weight rows at once */
+        tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, 0, 0, 16, 1, NULL, NULL);
+        continue;
+      }
+      /* Several rows: every row, the first included, in tiles of 4 weight rows by up to 4
+       * rows of x, so each weight is converted once per tile (a separate pass of the first
+       * row would convert it once more). The tiles read the block from cache: the first tile
+       * of the previous block asked for it (schedule(static) gives a thread consecutive
+       * blocks), as this block's first tile asks for the next while the others compute. */
+      const int8_t *next = b + 1 < blocks ? cb + R * K : NULL;
+      const float *next_scales = sb + 2 * R * (K / QC);
+      for (int g = 0; g < R; g += 4, next = NULL) {
+        int64_t t0 = 0;
+        for (; t0 + 4 <= T; t0 += 4, next = NULL) Q8_TILE(4);
         switch (T - t0) {
-          case 3: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 3); break;
-          case 2: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 2); break;
-          case 1: tile_q8_avx512(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 4, 1); break;
+          case 3: Q8_TILE(3); break;
+          case 2: Q8_TILE(2); break;
+          case 1: Q8_TILE(1); break;
           default: break;
         }
       }
