@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec.sample import SamplingTensors, sample, warp
-from verispec.sample.rejection import Verdict, verify
+from verispec.sample.rejection import Verdict, verify, verify_greedy
 from verispec.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0)
@@ -161,12 +161,34 @@ def test_greedy_rows_with_one_hot_q_keep_argmax_drafts() -> None:
         assert v.token_ids[:2] == [[4, 4], [0, 3]] and v.num_accepted[:2] == [1, 1]
 
 
+def test_verify_greedy_worked_example() -> None:
+    v = verify_greedy(one_hot_logits([5, 7, 9, 4, 8], 10), [[5, 7, 2], []])
+    assert v.token_ids == [[5, 7, 9], [8]] and v.num_accepted == [2, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=4), seed=st.integers(0, 99))
+def test_verify_greedy_equals_the_tensor_rule(counts: list[int], seed: int) -> None:
+    """The host loop the engine runs for greedy requests decides as verify's one-hot rule does
+    (logits with few distinct values, so drafts often match and argmaxes tie)."""
+    g = seeded(seed)
+    logits = torch.randint(0, 3, (sum(counts) + len(counts), 6), generator=g).float()
+    drafts = [torch.randint(0, 6, (c,), generator=g).tolist() for c in counts]
+    params = [GREEDY] * logits.shape[0]
+    mixed, mixed_drafts, mixed_params = with_sampled_mate(logits, drafts, params)
+    v = verify(mixed, mixed_drafts, None, tensors(mixed_params, 6), [seeded(0)] * len(mixed_drafts))
+    got = verify_greedy(logits, drafts)
+    assert got.token_ids == v.token_ids[:-1] and got.num_accepted == v.num_accepted[:-1]
+
+
 def test_wrong_number_of_logits_rows_is_a_value_error() -> None:
     t = tensors([GREEDY] * 4, 5)
     with pytest.raises(ValueError, match="needs 4 logits rows, got 3"):
         verify(torch.zeros(3, 5), [[1, 2, 3]], None, t, [None])
     with pytest.raises(ValueError, match="needs 3 logits rows, got 4"):
         verify(torch.zeros(4, 5), [[1], []], None, t, [None, None])
+    with pytest.raises(ValueError, match="needs 3 logits rows, got 4"):
+        verify_greedy(torch.zeros(4, 5), [[1], []])
 
 
 # --- exactness on hand-made p and q ------------------------------------------------------------

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.sample import sample
+from verispec.sample import argmax_rows, sample
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -57,3 +57,25 @@ def test_empirical_frequencies_match_distribution() -> None:
     chi2 = ((observed - expected) ** 2 / expected).sum().item()
     assert chi2 < 18.47  # chi-square critical value, 4 degrees of freedom, p = 0.001
     assert (observed / n - p.double()).abs().sum().item() / 2 < 0.02  # total variation
+
+
+def test_argmax_rows_worked_example() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0], [float("nan"), 9.0, 0.0]])
+    assert argmax_rows(x).tolist() == [1, 0] == x.argmax(dim=1).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, float("inf"), -float("inf"), float("nan")]),
+        min_size=12, max_size=12,
+    ),
+    rows=st.integers(1, 4),
+)  # fmt: skip
+def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans(
+    values: list[float], rows: int
+) -> None:
+    x = torch.tensor(values * rows).view(rows, -1)[:, 1:]  # a view that is not contiguous
+    got = argmax_rows(x)
+    assert got.dtype == torch.int64 and got.tolist() == x.argmax(dim=1).tolist()
+    assert argmax_rows(x.double()).tolist() == x.double().argmax(dim=1).tolist()  # torch path

@@ -47,6 +47,7 @@ from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
 from verispec.request import Request
+from verispec.sample.sampler import argmax_rows
 from verispec.sample.tree import DraftTree
 
 
@@ -253,7 +254,7 @@ class EagleProposer:
         """One draft token per row of draft logits [n, draft vocab]: the argmax, or a sample
         from the request's warping of the head's distribution over target ids."""
         if all_greedy(requests):
-            return None, self.head.draft_to_target[logits.argmax(dim=1)].tolist()
+            return None, self.head.draft_to_target[argmax_rows(logits)].tolist()
         full = torch.full((len(requests), self.target.vocab_size), float("-inf"),
                           device=logits.device)  # fmt: skip
         full[:, self.head.draft_to_target] = logits  # [n, vocab]

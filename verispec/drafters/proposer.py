@@ -10,7 +10,7 @@ import torch
 
 from verispec.models.llama import LlamaModel
 from verispec.request import Request, sampling_tensors
-from verispec.sample import sample, warp
+from verispec.sample import argmax_rows, sample, warp
 from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer
 
@@ -82,7 +82,7 @@ def draw_drafts(
     drafts so far in its history): q [n, vocab] and the tokens; q is None when every row is
     greedy (one-hot at the argmax, which the verifier then implies)."""
     if all_greedy(requests):
-        return None, logits.argmax(dim=1).tolist()
+        return None, argmax_rows(logits).tolist()
     t = sampling_tensors(list(zip(requests, drafts, strict=True)), logits.shape[1], logits.device)
     q = warp(logits, t)  # [n, vocab]
     tokens = sample(q, [r.generator for r in requests], t.greedy, default_generator)

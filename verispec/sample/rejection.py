@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.sample.logits import SamplingTensors, warp
-from verispec.sample.sampler import sample
+from verispec.sample.sampler import argmax_rows, sample
 
 
 @dataclass(slots=True)
@@ -60,37 +60,57 @@ def verify(
     Worked example (greedy): drafts [[5, 7, 2]], row argmaxes [5, 7, 9, 4] -> accept 5 and 7,
     reject 2, emit the target's 9: token_ids [[5, 7, 9]], num_accepted [2].
     """
+    _check_rows(logits, drafts)
     counts = [len(d) for d in drafts]
-    if logits.shape[0] != sum(counts) + len(counts):
-        raise ValueError(
-            f"verify needs {sum(counts) + len(counts)} logits rows, got {logits.shape[0]}"
-        )
+    if t.all_greedy and not t.need_penalties:
+        return verify_greedy(logits, drafts)
     device = logits.device
     flat = torch.tensor([x for d in drafts for x in d], dtype=torch.int64, device=device)  # [D]
     starts = torch.tensor(_starts(counts), dtype=torch.int64, device=device)  # [N] first row
     k = torch.tensor(counts, dtype=torch.int64, device=device)  # [N]
-    if t.all_greedy and not t.need_penalties:
-        target = logits.argmax(dim=1)  # [R]
-        accepted = _accepted_prefix(target[_draft_rows(counts, device)] == flat, counts)
-        final = target[starts + accepted]  # [N]
-    else:
-        p = warp(logits, t)  # [R, vocab]
-        draft_rows = _draft_rows(counts, device)  # [D] row of p scoring each draft
-        p_draft = p[draft_rows, flat]  # [D]
-        q_draft = (
-            torch.ones_like(p_draft)
-            if draft_probs is None
-            else draft_probs[torch.arange(len(flat), device=device), flat]
-        )  # [D]
-        u = _uniforms(counts, generators, default_generator, device)  # [D] in (0, 1]
-        accepted = _accepted_prefix(u * q_draft <= p_draft, counts)  # [N]
-        dist = _final_distribution(p, draft_probs, flat, starts, accepted, k)  # [N, vocab]
-        greedy_final = t.greedy[starts + accepted]
-        final = sample(dist, generators, greedy_final, default_generator)  # [N]
+    p = warp(logits, t)  # [R, vocab]
+    draft_rows = _draft_rows(counts, device)  # [D] row of p scoring each draft
+    p_draft = p[draft_rows, flat]  # [D]
+    q_draft = (
+        torch.ones_like(p_draft)
+        if draft_probs is None
+        else draft_probs[torch.arange(len(flat), device=device), flat]
+    )  # [D]
+    u = _uniforms(counts, generators, default_generator, device)  # [D] in (0, 1]
+    accepted = _accepted_prefix(u * q_draft <= p_draft, counts)  # [N]
+    dist = _final_distribution(p, draft_probs, flat, starts, accepted, k)  # [N, vocab]
+    greedy_final = t.greedy[starts + accepted]
+    final = sample(dist, generators, greedy_final, default_generator)  # [N]
     num_accepted = accepted.tolist()
     final_ids = final.tolist()
     token_ids = [[*d[:a], f] for d, a, f in zip(drafts, num_accepted, final_ids, strict=True)]
     return Verdict(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def verify_greedy(logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> Verdict:
+    """verify for greedy rows without penalties: p and q are one-hot, so keep each request's
+    drafts while they equal its rows' argmax, then emit the argmax of the row after the last
+    kept one. One argmax over logits [R, vocab] and one read-back; the rest is on the host.
+    Worked example: drafts [[5, 7, 2], []], row argmaxes [5, 7, 9, 4, 8] -> token_ids
+    [[5, 7, 9], [8]], num_accepted [2, 0]."""
+    _check_rows(logits, drafts)
+    target = argmax_rows(logits).tolist()  # [R]
+    token_ids, num_accepted, start = [], [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == target[start + a]:
+            a += 1
+        token_ids.append([*d[:a], target[start + a]])
+        num_accepted.append(a)
+        start += len(d) + 1
+    return Verdict(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def _check_rows(logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> None:
+    """Request r owns len(drafts[r]) + 1 logits rows; any other count is a caller's bug."""
+    needed = sum(len(d) for d in drafts) + len(drafts)
+    if logits.shape[0] != needed:
+        raise ValueError(f"verify needs {needed} logits rows, got {logits.shape[0]}")
 
 
 def _starts(counts: list[int]) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 
 from verispec.sample.logits import SamplingTensors, warp
 from verispec.sample.rejection import Verdict
-from verispec.sample.sampler import sample
+from verispec.sample.sampler import argmax_rows, sample
 
 
 @dataclass(slots=True)
@@ -180,7 +180,7 @@ def verify_tree(
     fast = t.all_greedy and not t.need_penalties  # then only the raw logits' argmax matters
     p = logits if fast else warp(logits, t)  # [R, vocab]
     greedy = [True] * len(p) if fast else t.greedy.tolist()  # [R]
-    argmax = p.argmax(dim=1).tolist() if t.any_greedy else []  # [R] when some row is greedy
+    argmax = argmax_rows(p).tolist() if t.any_greedy else []  # [R] when some row is greedy
     walks = [
         _walk(tree, p, s, greedy, argmax, g or default_generator)
         for tree, s, g in zip(trees, starts, generators, strict=True)
