@@ -75,7 +75,27 @@ def test_features_match_the_torch_operators(family_path: Path) -> None:
 def test_rows_are_bitwise_lone_decode_steps(family_path: Path) -> None:
     """Without the batch-invariant mode: a verify step's rows, a prefill's rows and the rows of
     a ragged batch with a tree mask equal the lone decode steps of the same tokens."""
-    runner = Runner(load(family_path), num_blocks=128)
+    assert_rows_are_lone_decode_steps(family_path)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "heads", "kv_heads"),
+    [(192, 6, 2), (256, 8, 2), (128, 2, 1)],
+    ids=["groups of 3", "groups of 4 (3 + 1)", "groups of 2, head_dim 64"],
+)
+def test_grouped_heads_share_key_loads_and_keep_every_bit(
+    tmp_path: Path, tokenizer, hidden: int, heads: int, kv_heads: int
+) -> None:
+    """Attention jobs of a whole kv group (many rows) and of one head (a decode step) give the
+    same bits, so a verify or prefill row is still its lone decode step."""
+    make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=hidden,
+                    num_attention_heads=heads, num_key_value_heads=kv_heads)  # fmt: skip
+    assert_same_run(tmp_path)
+    assert_rows_are_lone_decode_steps(tmp_path)
+
+
+def assert_rows_are_lone_decode_steps(path: Path) -> None:
+    runner = Runner(load(path), num_blocks=128)
     ids = random_ids(33, 320, seed=0)
     alone = runner.sequence()
     ref = torch.cat([runner.forward([alone.chunk([t])]) for t in ids])  # [33, vocab]

@@ -210,11 +210,9 @@ FAST static void weighted_values(const float *p, const float *vc, const int64_t 
   for (int64_t j = 0; j < n; j++) axpy(p[j], vc + slots[j] * stride + c, out + c, dim - c);
 }
 
-/* Attention of one query head over n keys at slots (scores: scratch of n floats). */
-FAST static void attend_head(const float *q, const float *kc, const float *vc,
-                             const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
-                             float scale, float *scores, float *out) {
-  key_scores(q, kc, slots, n, stride, dim, scale, scores);
+/* scores[j] <- e^(scores[j] - max) in place; returns their sum (softmax without the division,
+ * which is applied to the weighted values). */
+FAST static float exp_scores(float *scores, int64_t n) {
   float best = -INFINITY;
   for (int64_t j = 0; j < n; j++) best = scores[j] > best ? scores[j] : best;
   const __m256 top = _mm256_set1_ps(best);
@@ -227,9 +225,76 @@ FAST static void attend_head(const float *q, const float *kc, const float *vc,
   }
   float total = hsum(sum);
   for (; j < n; j++) total += (scores[j] = exp1(scores[j] - best));
+  return total;
+}
+
+/* Attention of one query head over n keys at slots (scores: scratch of n floats). */
+FAST static void attend_head(const float *q, const float *kc, const float *vc,
+                             const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
+                             float scale, float *scores, float *out) {
+  key_scores(q, kc, slots, n, stride, dim, scale, scores);
+  const float total = exp_scores(scores, n);
   weighted_values(scores, vc, slots, n, stride, dim, out);
   const float inv = 1.0f / total;
   for (int64_t i = 0; i < dim; i++) out[i] *= inv;
+}
+
+#define SHARE 3 /* query heads of one group that share each load of a key or value */
+
+/* attend_head for H <= SHARE query heads q + h * dim of one kv group at once (outputs at
+ * out + h * dim; scores: scratch of H * n floats), loading each cached key and value once for
+ * all of them. Each head's result is attend_head's bit for bit: a score is dot8's sequence
+ * (8-lane products in column order, the same pairwise reduction), a value column adds its
+ * terms in key order from 0, so a row may take either routine (dim a multiple of 32). */
+FAST static void attend_heads(const float *q, const int H, const float *kc, const float *vc,
+                              const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
+                              float scale, float *scores, float *out) {
+  const __m128 sv = _mm_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 4) { /* 4 keys by H heads: 4 H accumulators */
+    for (int64_t f = j + AHEAD; f < j + AHEAD + 4 && f < n; f++) fetch(kc + slots[f] * stride, dim);
+    const float *k[4];
+    for (int u = 0; u < 4; u++) k[u] = kc + slots[j + u < n ? j + u : n - 1] * stride;
+    __m256 a[SHARE][4];
+    for (int h = 0; h < H; h++)
+      for (int u = 0; u < 4; u++) a[h][u] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 8) {
+      __m256 qv[SHARE];
+      for (int h = 0; h < H; h++) qv[h] = _mm256_loadu_ps(q + h * dim + i);
+      for (int u = 0; u < 4; u++) {
+        const __m256 kv = _mm256_loadu_ps(k[u] + i);
+        for (int h = 0; h < H; h++) a[h][u] = _mm256_fmadd_ps(qv[h], kv, a[h][u]);
+      }
+    }
+    for (int h = 0; h < H; h++) { /* dot8's reduction: lanes 0-3 and 4-7 pairwise, then added */
+      const __m256 r = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]),
+                                      _mm256_hadd_ps(a[h][2], a[h][3]));
+      float lane[4];
+      _mm_storeu_ps(lane, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(r),
+                                                _mm256_extractf128_ps(r, 1)), sv));
+      for (int u = 0; u < 4 && j + u < n; u++) scores[h * n + j + u] = lane[u];
+    }
+  }
+  float inv[SHARE];
+  for (int h = 0; h < H; h++) inv[h] = 1.0f / exp_scores(scores + h * n, n);
+  for (int64_t c = 0; c < dim; c += 32) { /* 32 columns of every head in registers */
+    __m256 acc[SHARE][4];
+    for (int h = 0; h < H; h++)
+      for (int u = 0; u < 4; u++) acc[h][u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+      if (j + AHEAD < n) fetch(vc + slots[j + AHEAD] * stride + c, 32);
+      const float *v = vc + slots[j] * stride + c;
+      __m256 p[SHARE];
+      for (int h = 0; h < H; h++) p[h] = _mm256_set1_ps(scores[h * n + j]);
+      for (int u = 0; u < 4; u++) {
+        const __m256 vv = _mm256_loadu_ps(v + 8 * u);
+        for (int h = 0; h < H; h++) acc[h][u] = _mm256_fmadd_ps(p[h], vv, acc[h][u]);
+      }
+    }
+    for (int h = 0; h < H; h++)
+      for (int u = 0; u < 4; u++) _mm256_storeu_ps(out + h * dim + c + 8 * u, acc[h][u]);
+  }
+  for (int h = 0; h < H; h++)
+    for (int64_t i = 0; i < dim; i++) out[h * dim + i] *= inv[h];
 }
 
 /* Which cached keys each new row of one forward sees (the same for every layer). Row t is
@@ -277,15 +342,30 @@ FAST static void attend(const float *qkv, const float *kc, const float *vc, cons
                         float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                         float scale, int threads) {
   const int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
+  /* A job per (row, kv group) shares key and value loads among the group's heads; with fewer
+   * such jobs than two per thread (a decode step) a job per (row, head) keeps threads busy.
+   * Both give the same bits (attend_heads), so the choice does not make rows differ. */
+  const int shared = group > 1 && dim % 32 == 0 && rows * kv_heads >= 2 * threads;
+  const int64_t jobs = shared ? rows * kv_heads : rows * heads;
 #pragma omp parallel num_threads(threads) if (rows * heads >= 4)
   {
-    float *scores = malloc(sizeof(float) * (size_t)v->room);
+    float *scores = malloc(sizeof(float) * (size_t)(v->room * SHARE));
 #pragma omp for schedule(static, 1) /* interleaved: later rows of a prefill see more keys */
-    for (int64_t job = 0; job < rows * heads; job++) {
-      const int64_t t = job / heads, h = job % heads, head = (h / group) * dim;
-      attend_head(qkv + t * width + h * dim, kc + head, vc + head, v->slots + t * v->room,
-                  v->count[t], kv_heads * dim, dim, scale, scores,
-                  out + t * heads * dim + h * dim);
+    for (int64_t job = 0; job < jobs; job++) {
+      const int64_t t = job / (jobs / rows), keys = v->count[t];
+      const int64_t *slots = v->slots + t * v->room, stride = kv_heads * dim;
+      if (!shared) {
+        const int64_t h = job % heads, head = (h / group) * dim;
+        attend_head(qkv + t * width + h * dim, kc + head, vc + head, slots, keys, stride, dim,
+                    scale, scores, out + t * heads * dim + h * dim);
+        continue;
+      }
+      const int64_t g = job % kv_heads;
+      for (int64_t h = g * group; h < (g + 1) * group; h += SHARE) {
+        const int n = (int)((g + 1) * group - h < SHARE ? (g + 1) * group - h : SHARE);
+        attend_heads(qkv + t * width + h * dim, n, kc + g * dim, vc + g * dim, slots, keys,
+                     stride, dim, scale, scores, out + t * heads * dim + h * dim);
+      }
     }
     free(scores);
   }
