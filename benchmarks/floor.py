@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.floor import GIB, FloorRow, measure, read_bandwidth
+from verispec.bench.floor import GIB, FloorRow, interleaved_decode_ms, measure, read_bandwidth
 from verispec.bench.main import print_settings, run_facts
 from verispec.models.default import embedded_model_path
 from verispec.models.hub import pull
@@ -82,7 +82,8 @@ def main() -> None:
     }  # fmt: skip
     print_settings(settings)
     print_table(rows)
-    print_draft_cost(rows)
+    print_draft_cost([label for label in args.models if label.startswith("embedded")],
+                     max(args.repeats, 50))  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}))
 
@@ -99,16 +100,23 @@ def print_table(rows: list[FloorRow]) -> None:
               f"| {r.decode_ms / r.cached_floor_ms:.2f} | {curve} |")  # fmt: skip
 
 
-def print_draft_cost(rows: list[FloorRow]) -> None:
-    """c = one draft decode step / one target decode step, per mode, for the embedded pair (with
-    the draft as stored and rounded to q8_0)."""
-    by = {(r.model, r.mode): r for r in rows}
-    for mode, label in itertools.product(dict.fromkeys(r.mode for r in rows), MODELS):
-        target, draft = by.get(("embedded-target", mode)), by.get((label, mode))
-        if target and draft and label.startswith("embedded-draft"):
-            c = draft.decode_ms / target.decode_ms
-            print(f"embedded pair, {mode}, {label}: draft cost ratio c = {draft.decode_ms:.2f} / "
-                  f"{target.decode_ms:.2f} ms = {c:.2f}")  # fmt: skip
+def print_draft_cost(labels: list[str], repeats: int) -> None:
+    """c = one draft decode step / one target decode step for the embedded pair (the draft as
+    stored, and rounded to q8_0), eager, default kernels: the models' steps interleaved in one
+    loop (bench.floor.interleaved_decode_ms), so that machine drift touches both alike."""
+    drafts = [label for label in labels if label.startswith("embedded-draft")]
+    if "embedded-target" not in labels or not drafts:
+        return
+    models = {}
+    for label in ["embedded-target", *drafts]:
+        path_of, quantization = MODELS[label]
+        models[label] = load_model(path_of(), torch.float32, torch.device("cpu"),
+                                   quantization=quantization)  # fmt: skip
+    ms = interleaved_decode_ms(models, repeats)
+    target = ms["embedded-target"]
+    print(f"\ndraft cost ratio c (eager, {repeats} interleaved decode steps each):")
+    for label in drafts:
+        print(f"  {label}: c = {ms[label]:.2f} / {target:.2f} ms = {ms[label] / target:.2f}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from verispec.bench.floor import FloorRow, WeightBytes, linear_bytes, read_bandwidth
+from verispec.bench.floor import (
+    FloorRow,
+    WeightBytes,
+    interleaved_decode_ms,
+    linear_bytes,
+    read_bandwidth,
+)
 from verispec.models.linear import Linear, fp16_kernel_available
+from verispec.models.loader import load_model
 
 
 def weight(fp16_values: bool) -> torch.Tensor:
@@ -40,3 +49,11 @@ def test_ratios_follow_from_bytes_and_bandwidth() -> None:
     assert row.floor_ms == 1000.0 and row.ratio == 3.0
     assert row.cached_floor_ms == 500.0  # the faster (cache-served) read gives the lower floor
     assert read_bandwidth(1 << 20, repeats=2) > 0
+
+
+def test_interleaved_steps_time_every_model(
+    spec_pair: tuple[Path, Path],
+) -> None:
+    target, draft = (load_model(p, torch.float32, torch.device("cpu")) for p in spec_pair)
+    ms = interleaved_decode_ms({"target": target, "draft": draft}, repeats=3, context=20)
+    assert set(ms) == {"target", "draft"} and all(v > 0 for v in ms.values())

@@ -60,37 +60,30 @@ class KeyPlan:
     """Which cached keys each new row attends to, for layer.c's attention (built once per
     forward, shared by every layer)."""
 
-    key_slots: torch.Tensor | None  # [S, C] int64, KV slot of key j of sequence s; None: below
+    tables: torch.Tensor | None  # [S, max_blocks] int64 block tables; None: kv_start below
     kv_start: int  # one sequence in consecutive slots: key j is slot kv_start + j
-    row_seq: torch.Tensor  # [T] int32, the sequence of each new row
-    row_q: torch.Tensor  # [T] int32, its index among that sequence's new rows
+    block_size: int
+    cu: torch.Tensor  # [S + 1] int64, sequence s owns rows cu[s] .. cu[s + 1] - 1
     ctx: torch.Tensor  # [S] int64, keys of each sequence (its new tokens included)
-    masks: dict[int | None, torch.Tensor | None]  # per window: [S, Q, C] bool; None: all keys
+    masks: dict[int | None, torch.Tensor | None]  # per window: [S, Q, C] bool; None: causal
     max_q: int
     max_ctx: int
 
     @classmethod
     def build(cls, batch: ForwardBatch, windows: set[int | None]) -> KeyPlan:
-        """From the masks and slot maps of attention.py's layout (one group: every row here
-        reads exactly its own keys, so rows of different lengths need no padding).
-
-        Example: sequences of 2 and 1 new tokens give row_seq [0, 0, 1], row_q [0, 1, 0].
-        """
-        layout = AttentionLayout.build(batch, windows, grouped=False)
-        num_tokens = batch.num_tokens
-        if batch.num_seqs == 1:
-            row_seq = torch.zeros(num_tokens, dtype=torch.int32)
-            row_q = torch.arange(num_tokens, dtype=torch.int32)
-        else:
-            lens = torch.tensor(batch.query_lens)
-            seq = torch.repeat_interleave(torch.arange(batch.num_seqs), lens)  # [T]
-            row_q = (torch.arange(num_tokens) - batch.cu_query_lens[seq]).to(torch.int32)
-            row_seq = seq.to(torch.int32)
-        masks = {w: None if m is None else m[:, 0].contiguous() for w, m in layout.masks.items()}
-        key_slots = None if layout.kv_slots is None else layout.kv_slots.contiguous()
-        kv_start = layout.kv_range[0] if layout.kv_range is not None else 0
-        return cls(key_slots, kv_start, row_seq, row_q, batch.context_lens.contiguous(), masks,
-                   max(batch.query_lens), max(batch.context_lens_host))  # fmt: skip
+        """The batch's own tensors, and masks from attention.py's layout only where causal
+        order is not the rule: a draft tree's mask or a sliding window shorter than the
+        context. E.g. a decode or chain-verify step of one sequence builds no tensor at all."""
+        max_ctx = max(batch.context_lens_host)
+        binding = any(w is not None and max_ctx > w for w in windows)
+        masks: dict[int | None, torch.Tensor | None] = dict.fromkeys(windows)
+        if batch.extra_mask is not None or binding:
+            layout = AttentionLayout.build(batch, windows, grouped=False)
+            masks = {w: None if m is None else m[:, 0].contiguous()
+                     for w, m in layout.masks.items()}  # fmt: skip
+        tables = None if batch.kv_start is not None else batch.block_tables.contiguous()
+        return cls(tables, batch.kv_start or 0, batch.block_size, batch.cu_query_lens,
+                   batch.context_lens, masks, max(batch.query_lens), max_ctx)  # fmt: skip
 
 
 class _Linear(ctypes.Structure):
@@ -115,9 +108,10 @@ class _Layer(ctypes.Structure):
 class _Keys(ctypes.Structure):
     """layer.c's Keys: a KeyPlan's pointers."""
 
-    _fields_ = [("key_slots", ctypes.c_void_p), ("kv_start", ctypes.c_int64),
-                ("row_seq", ctypes.c_void_p), ("row_q", ctypes.c_void_p),
-                ("ctx", ctypes.c_void_p), ("masks", ctypes.POINTER(ctypes.c_void_p)),
+    _fields_ = [("tables", ctypes.c_void_p), ("block_size", ctypes.c_int64),
+                ("max_blocks", ctypes.c_int64), ("kv_start", ctypes.c_int64),
+                ("cu", ctypes.c_void_p), ("ctx", ctypes.c_void_p),
+                ("num_seqs", ctypes.c_int64), ("masks", ctypes.POINTER(ctypes.c_void_p)),
                 ("num_masks", ctypes.c_int64), ("max_q", ctypes.c_int64),
                 ("max_ctx", ctypes.c_int64)]  # fmt: skip
 
@@ -171,9 +165,10 @@ class NativeStack:
                                                     for i in range(num_layers)])  # fmt: skip
         masks = (ctypes.c_void_p * len(self.windows))(*[_ptr(plan.masks[w])
                                                         for w in self.windows])  # fmt: skip
-        keys = _Keys(_ptr(plan.key_slots), plan.kv_start, plan.row_seq.data_ptr(),
-                     plan.row_q.data_ptr(), plan.ctx.data_ptr(), masks, len(self.windows),
-                     plan.max_q, plan.max_ctx)  # fmt: skip
+        max_blocks = 0 if plan.tables is None else plan.tables.shape[1]
+        keys = _Keys(_ptr(plan.tables), plan.block_size, max_blocks, plan.kv_start,
+                     plan.cu.data_ptr(), plan.ctx.data_ptr(), len(plan.ctx), masks,
+                     len(self.windows), plan.max_q, plan.max_ctx)  # fmt: skip
         kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
         slots, positions = batch.slot_mapping.contiguous(), batch.positions.contiguous()
         kernel.lib.verispec_decoder_stack(

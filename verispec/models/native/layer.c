@@ -297,16 +297,17 @@ FAST static void attend_heads(const float *q, const int H, const float *kc, cons
     for (int64_t i = 0; i < dim; i++) out[h * dim + i] *= inv[h];
 }
 
-/* Which cached keys each new row of one forward sees (the same for every layer). Row t is
- * query row_q[t] of sequence s = row_seq[t], which has ctx[s] keys: key j lives at slot
- * key_slots[s * max_ctx + j] (or kv_start + j when key_slots is NULL) and is seen when
- * mask[(s * max_q + row_q[t]) * max_ctx + j] is set, mask = masks[w] for a layer of window w
- * (every key when that is NULL). */
+/* Which cached keys each new row of one forward sees (the same for every layer). Sequence s
+ * owns rows cu[s] .. cu[s + 1] - 1 and has ctx[s] keys, its new tokens' last; key j lives at
+ * slot tables[s * max_blocks + j / block_size] * block_size + j % block_size (kv_start + j
+ * when tables is NULL: one sequence in consecutive slots). Row i of sequence s sees key j
+ * when mask[(s * max_q + i) * max_ctx + j] is set, mask = masks[w] for a layer of window w;
+ * with no mask (NULL), when j is at most the row's own key (causal in cache order). */
 typedef struct {
-  const int64_t *key_slots;
-  int64_t kv_start;
-  const int32_t *row_seq, *row_q;
-  const int64_t *ctx;
+  const int64_t *tables;
+  int64_t block_size, max_blocks, kv_start;
+  const int64_t *cu, *ctx;
+  int64_t num_seqs;
   const uint8_t *const *masks;
   int64_t num_masks, max_q, max_ctx;
 } Keys;
@@ -321,16 +322,22 @@ static Visible visible_keys(const Keys *keys, const uint8_t *mask, int64_t rows,
   const int64_t max_q = keys->max_q, max_ctx = keys->max_ctx, room = max_ctx > 0 ? max_ctx : 1;
   Visible v = {malloc(sizeof(int64_t) * (size_t)(rows * room)),
                malloc(sizeof(int64_t) * (size_t)rows), room};
+  int64_t *seq_of = malloc(sizeof(int64_t) * (size_t)rows);
+  for (int64_t s = 0; s < keys->num_seqs; s++)
+    for (int64_t t = keys->cu[s]; t < keys->cu[s + 1]; t++) seq_of[t] = s;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 16)
   for (int64_t t = 0; t < rows; t++) {
-    const int64_t s = keys->row_seq[t];
-    const uint8_t *seen = mask ? mask + (s * max_q + keys->row_q[t]) * max_ctx : NULL;
-    const int64_t *key_slots = keys->key_slots ? keys->key_slots + s * max_ctx : NULL;
+    const int64_t s = seq_of[t], i = t - keys->cu[s], ctx = keys->ctx[s];
+    const int64_t own = ctx - (keys->cu[s + 1] - keys->cu[s]) + i; /* the row's own key */
+    const uint8_t *seen = mask ? mask + (s * max_q + i) * max_ctx : NULL;
+    const int64_t *table = keys->tables ? keys->tables + s * keys->max_blocks : NULL;
+    const int64_t bs = keys->block_size;
     int64_t n = 0, *out = v.slots + t * room;
-    for (int64_t j = 0; j < keys->ctx[s]; j++)
-      if (!seen || seen[j]) out[n++] = key_slots ? key_slots[j] : keys->kv_start + j;
+    for (int64_t j = 0; j < (seen ? ctx : own + 1); j++)
+      if (!seen || seen[j]) out[n++] = table ? table[j / bs] * bs + j % bs : keys->kv_start + j;
     v.count[t] = n;
   }
+  free(seq_of);
   return v;
 }
 
