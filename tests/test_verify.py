@@ -15,7 +15,9 @@ from conftest import make_checkpoint, make_perturbed_copy
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.cli import main
+from verispec.engine import runner
 from verispec.sample import rejection
+from verispec.sample.rejection import Verdict
 from verispec.verify.report import DIFFERS, IDENTICAL, NEAR_TIE, greedy_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,6 +69,16 @@ def _accept_all(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int64, device=ok.device)
 
 
+def accept_every_greedy_draft(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
+    """Broken verify_greedy (what the engine's runner calls for greedy requests): every draft
+    is accepted, then the argmax after the last one is emitted."""
+    target, start, token_ids = logits.argmax(dim=1).tolist(), 0, []
+    for d in drafts:
+        token_ids.append([*d, target[start + len(d)]])
+        start += len(d) + 1
+    return Verdict(token_ids=token_ids, num_accepted=[len(d) for d in drafts])
+
+
 def test_greedy_exact_in_batch_invariant_mode(far_pair, prompts_file, tmp_path, capsys) -> None:
     code, report = verify(far_pair, prompts_file, tmp_path, "--batch-invariant",
                           "--max-tokens", "24")  # fmt: skip
@@ -82,7 +94,7 @@ def test_greedy_exact_in_batch_invariant_mode(far_pair, prompts_file, tmp_path, 
 def test_greedy_catches_a_verifier_that_accepts_every_draft(
     far_pair, prompts_file, tmp_path, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
+    monkeypatch.setattr(runner, "verify_greedy", accept_every_greedy_draft)
     code, report = verify(far_pair, prompts_file, tmp_path, "--max-tokens", "24")
     assert code == 1
     assert report["verdict"] == "not exact"

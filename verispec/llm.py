@@ -60,6 +60,10 @@ class LLM:
         """The Hugging Face tokenizer of the loaded model."""
         return self.engine.tokenizer.hf
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (enable_prefix_caching); False while requests run."""
+        return self.engine.reset_prefix_cache()
+
     @property
     def model_name(self) -> str:
         """The model as the user named it (or the default model's directory)."""

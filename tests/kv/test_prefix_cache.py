@@ -38,6 +38,19 @@ def test_worked_example_of_the_module() -> None:
     assert cache.match([1, 5, 6, 7, 8]) == []  # same block content after another prefix
 
 
+def test_reset_forgets_every_block_and_frees_the_unowned() -> None:
+    allocator = BlockAllocator(8)
+    cache = PrefixCache(allocator, block_size=2)
+    a = computed(cache, [5, 6, 7, 8, 9], allocator)
+    computed(cache, [5, 6, 1, 2, 3], allocator).free()  # block 3 ([1, 2]): cached, unowned
+    assert len(cache) == 3 and allocator.num_evictable == 1
+    cache.reset()
+    assert len(cache) == 0 and cache.match([5, 6, 7, 8, 9]) == []
+    assert allocator.num_evictable == 0 and allocator.num_used == 3  # a's blocks stay a's
+    a.free()
+    assert allocator.num_free == 8 and allocator.num_evictable == 0  # nothing left cached
+
+
 def test_lookahead_keys_hold_the_next_token() -> None:
     """A drafter's block whose rows read one token further (an EAGLE head) matches only where
     that token matches too; peek takes nothing, max_blocks caps a match."""
@@ -151,8 +164,22 @@ def test_output_with_the_cache_equals_output_without(spec_pair, method: str) -> 
                 own = llm.engine.proposer.prefix_cache
                 assert own is not None and own.num_hits > 0.5 * own.num_queries
                 assert llm.engine.proposer.allocator.num_used == 0
+            assert llm.reset_prefix_cache() and len(cache) == 0  # then a pass starts cold
+            hits = cache.num_hits
+            again = llm.generate(PROMPTS[0], params[0])[0]
+            assert cache.num_hits == hits and again.token_ids == outs[0].token_ids
+            if method == "draft_model":
+                assert len(llm.engine.proposer.prefix_cache) > 0  # refilled by that request
         assert llm.engine.allocator.num_used == 0
     assert results[0] == results[1]
+
+
+def test_no_reset_while_a_request_runs(llama_checkpoint) -> None:
+    llm = LLM(model=str(llama_checkpoint), enable_prefix_caching=True, block_size=4)
+    with llm.generate_stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6)) as stream:
+        next(iter(stream))
+        assert llm.reset_prefix_cache() is False  # the running request's blocks stay indexed
+    assert llm.reset_prefix_cache() is True and len(llm.engine.prefix_cache) == 0
 
 
 @pytest.mark.parametrize("drafter", [False, True], ids=["plain", "draft_model"])

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from test_chat import with_chat_template
-from test_verify import make_sharp_pair
+from test_verify import accept_every_greedy_draft, make_sharp_pair
 
 from verispec import LLM, SpecConfig
 from verispec.cli import main
+from verispec.engine import runner
 from verispec.sample import rejection
 from verispec.serve import Server
 from verispec.verify.client import ServerClient, ServerError
@@ -101,7 +102,7 @@ def _accept_all(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
 def test_greedy_through_the_server_catches_a_broken_verifier(
     server, chat_prompts, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)  # the server's thread too
+    monkeypatch.setattr(runner, "verify_greedy", accept_every_greedy_draft)  # the server's too
     code, report = verify(server, chat_prompts, tmp_path, "--max-tokens", "24")
     assert code == 1 and report["verdict"] == "not exact"
     assert any(p["result"] == "differs" for p in report["greedy"])

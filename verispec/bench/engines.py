@@ -21,6 +21,8 @@ from verispec.drafters.registry import takes_head as registry_takes_head
 from verispec.metrics import SpecStats, StepTimes
 
 HEAD_METHODS = head_method_names()
+PREFIX_CACHING = "verispec on, emptied before each pass"
+"""How the verispec engines cache prompt prefixes (llama.cpp keeps the previous prompt's)."""
 """Registry methods that draft with a head over the target's features: SpecConfig.model is a
 head directory (the bench's --eagle / --medusa), and they may draft trees."""
 
@@ -171,7 +173,7 @@ class VerispecEngine:
         self.method, self.k = spec.method, spec.k
         self.llm = LLM(
             model=str(target), dtype=dtype, device=device, speculative=spec_config(spec, draft),
-            quantization=self.quantization,
+            quantization=self.quantization, enable_prefix_caching=True,
         )  # fmt: skip
         self.spec = spec.fitted(getattr(self.llm.engine.proposer, "depth", None))
 
@@ -180,11 +182,14 @@ class VerispecEngine:
 
         runs: list[RequestRun] = []
         self.llm.engine.step_times = StepTimes()
-        # A drafter that learns from finished outputs (suffix) starts each pass cold: an
-        # earlier pass over the same prompts would otherwise hand it every answer.
+        # A drafter that learns from finished outputs (suffix), and the prefix caches, start
+        # each pass cold: an earlier pass over the same prompts would otherwise hand them every
+        # answer and every prompt. Within a pass, requests share what they share (a system
+        # prompt, earlier turns), as a server with prefix caching (vLLM's default) would.
         forget = getattr(self.llm.engine.proposer, "clear_history", None)
         if forget is not None:
             forget()
+        self.llm.reset_prefix_cache()
         started = time.perf_counter()
         for first in range(0, len(prompts), concurrency):
             chunk = prompts[first : first + concurrency]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.engines import HEAD_METHODS, parse_tree_shape, takes_draft
+from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape, takes_draft
 from verispec.bench.harness import BenchConfig, chain_methods, comparison_notes, run_bench
 from verispec.bench.hf_engine import hf_location
 from verispec.bench.report import table, verify_table, write_json, write_plots
@@ -97,6 +97,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "verispec": __version__,
+        "prefix_caching": PREFIX_CACHING,
         "llama_cpp_python": _version("llama-cpp-python") if "llamacpp" in config.engines else None,
         "load_average_before": os.getloadavg()[0],
         "command": " ".join(["verispec", *sys.argv[1:]]) if sys.argv else "verispec bench",
@@ -177,8 +178,8 @@ def _version(package: str) -> str | None:
 def _settings_line(info: dict[str, Any]) -> str:
     """One line of the settings; the heads (e.g. `eagle=DIR`) and tree shapes when any ran."""
     keys = ("target", "draft", "engines", "workloads", "dtype", "threads", "plan", "prompts",
-            "max_tokens", "repeats", "top_p", "cpu", "torch", "transformers", "llama_cpp_python",
-            "load_average_before")  # fmt: skip
+            "max_tokens", "repeats", "top_p", "prefix_caching", "cpu", "torch", "transformers",
+            "llama_cpp_python", "load_average_before")  # fmt: skip
     items = [f"{k}={info.get(k)}" for k in keys]
     heads = [f"{m}={path}" for m, path in info.get("heads", {}).items()]
     if info.get("trees"):

@@ -270,6 +270,17 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix caches, the target's and a drafter's own (e.g. between benchmark
+        passes over the same prompts). Only between requests: False, and nothing is emptied,
+        while some are unfinished; True otherwise (also without prefix caching)."""
+        if self.has_unfinished():
+            return False
+        for cache in (self.prefix_cache, getattr(self.proposer, "prefix_cache", None)):
+            if cache is not None:
+                cache.reset()
+        return True
+
     def output(self, request: Request) -> RequestOutput:
         return request.output(self.tokenizer.decode)
 

@@ -110,6 +110,15 @@ class PrefixCache:
             parent = block
         return max(full, num_indexed)
 
+    def reset(self) -> None:
+        """Forget every indexed block (vLLM's reset_prefix_cache): an unowned one becomes plainly
+        free, an owned one stays its owner's but is no longer shared. The hit counters stay."""
+        for block in list(self._key_of):
+            self.allocator.uncache(block)
+        self._blocks.clear()
+        self._key_of.clear()
+        self._children.clear()
+
     def _forget(self, block: int) -> None:
         """Drop a block from the index, and every block keyed under it (their keys name it)."""
         key = self._key_of.pop(block, None)
