@@ -148,6 +148,12 @@ class Request:
         )
 
 
+def all_greedy(requests: Sequence[Request]) -> bool:
+    """True when every request takes its argmax (greedy, no penalties): its target p and a
+    drafter's q are then one-hot, and only raw logits' argmaxes matter."""
+    return all(r.params.greedy and not r.params.needs_penalties for r in requests)
+
+
 def sampling_tensors(
     rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int, device: torch.device
 ) -> SamplingTensors:

@@ -16,10 +16,9 @@ from typing import cast
 
 import torch
 
-from verispec.bench.verify_cost import verify_cost_curve
+from verispec.bench.verify_cost import step_ms, verify_cost_curve
 from verispec.models.linear import Linear, exactly_fp16
 from verispec.models.llama import LlamaModel
-from verispec.models.paged import PagedModel, append_chunk
 
 GIB = 2**30
 
@@ -124,23 +123,7 @@ def interleaved_decode_ms(
     models: dict[str, LlamaModel], repeats: int, context: int = 256
 ) -> dict[str, float]:
     """Median time of one decode step (1 token on a warm `context`-token cache) per model, the
-    models taking turns step by step: a ratio of two of them (the draft cost ratio c) then
-    compares steps taken under the same machine conditions, which separate runs on a busy
-    machine do not (their ratio moved by 40% between runs here)."""
-    paged = {name: PagedModel(m, context // 16 + 3, 16) for name, m in models.items()}
-    tables = {name: p.new_table() for name, p in paged.items()}
-    vocab = min(m.config.vocab_size for m in models.values())
-    ids = torch.randint(3, vocab, (context + 1,), generator=torch.Generator().manual_seed(0))
-    times: dict[str, list[float]] = {name: [] for name in models}
-    with torch.inference_mode():
-        for name, p in paged.items():
-            p.forward([append_chunk(tables[name], ids[:context].tolist(), 1)])
-        for round_ in range(repeats + 1):  # round 0 warms up
-            for name, p in paged.items():
-                started = time.perf_counter()
-                p.forward([append_chunk(tables[name], ids[context:].tolist(), 1)])
-                elapsed = time.perf_counter() - started
-                tables[name].truncate(context)
-                if round_:
-                    times[name].append(elapsed)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    models taking turns step by step (verify_cost.step_ms): a ratio of two of them (the draft
+    cost ratio c) then compares steps taken under the same machine conditions, which separate
+    runs on a busy machine do not (their ratio moved by 40% between runs here)."""
+    return {name: ms for (name, _), ms in step_ms(models, (1,), context, repeats).items()}

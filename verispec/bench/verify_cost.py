@@ -55,34 +55,40 @@ def verify_cost_curve(
         raise ValueError("qs must include 1, the denominator of the ratios")
     if isinstance(model, Path):
         model = load_model(model, dtype, torch.device(device))
+    ms = step_ms({label: model}, qs, context, repeats)
+    return [VerifyCost(label, q, ms[label, q], ms[label, q] / ms[label, 1]) for q in qs]
+
+
+def step_ms(
+    models: dict[str, LlamaModel], qs: tuple[int, ...], context: int, repeats: int
+) -> dict[tuple[str, int], float]:
+    """Median time in ms of one forward over q new tokens (logits for all q rows) for each
+    (model name, q), every forward on top of the model's same warm `context`-token cache (rolled
+    back after it, as a rejected draft would be). Models and q values take turns within each of
+    `repeats` rounds (round 0 warms every shape up), so that a ratio of two of them compares
+    steps taken under the same machine conditions."""
     block_size = 16
     num_blocks = (context + max(qs)) // block_size + 2
-    paged = PagedModel(model, num_blocks, block_size)
-    table = paged.new_table()
+    paged = {name: PagedModel(m, num_blocks, block_size) for name, m in models.items()}
+    tables = {name: p.new_table() for name, p in paged.items()}
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (context + max(qs),), generator=gen).tolist()
-
-    def forward(tokens: list[int], num_logits: int) -> None:
-        paged.forward([append_chunk(table, tokens, num_logits)])
-
+    vocab = min(m.config.vocab_size for m in models.values())
+    ids = torch.randint(3, vocab, (context + max(qs),), generator=gen).tolist()
+    times: dict[tuple[str, int], list[float]] = {(n, q): [] for n in models for q in qs}
     with torch.inference_mode():
-        forward(ids[:context], 1)  # the warm cache every measurement builds on
-        times: dict[int, list[float]] = {q: [] for q in qs}
-        for round_ in range(repeats + 1):  # round 0 warms up every shape
-            for q in qs:
+        for name, p in paged.items():  # the warm cache every measurement builds on
+            p.forward([append_chunk(tables[name], ids[:context], 1)])
+        for round_ in range(repeats + 1):
+            for (name, q), samples in times.items():
                 started = time.perf_counter()
-                forward(ids[context : context + q], q)
-                if model.device.type != "cpu":
+                paged[name].forward([append_chunk(tables[name], ids[context : context + q], q)])
+                if models[name].device.type != "cpu":
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - started
-                table.truncate(context)  # roll back, as a rejected draft would be
+                tables[name].truncate(context)
                 if round_:
-                    times[q].append(elapsed)
-    base = statistics.median(times[1])
-    return [
-        VerifyCost(label, q, 1e3 * statistics.median(times[q]), statistics.median(times[q]) / base)
-        for q in qs
-    ]
+                    samples.append(elapsed)
+    return {key: 1e3 * statistics.median(samples) for key, samples in times.items()}
 
 
 def tokens_per_step(a: float, k: int) -> float:

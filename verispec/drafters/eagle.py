@@ -39,14 +39,13 @@ from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import (
     Drafts,
     TargetInfo,
-    all_greedy,
     draw_drafts,
     stack_draft_probs,
 )
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
-from verispec.request import Request
+from verispec.request import Request, all_greedy
 from verispec.sample.sampler import argmax_rows
 from verispec.sample.tree import DraftTree
 

@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from verispec.models.llama import LlamaModel
-from verispec.request import Request, sampling_tensors
+from verispec.request import Request, all_greedy, sampling_tensors
 from verispec.sample import argmax_rows, sample, warp
 from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer
@@ -65,11 +65,6 @@ class Proposer(Protocol):
     def release(self, request: Request) -> None:
         """Forget a request (finished or preempted) and free what the drafter holds for it."""
         ...
-
-
-def all_greedy(requests: Sequence[Request]) -> bool:
-    """True when every request drafts its argmax (greedy, no penalties): q is then one-hot."""
-    return all(r.params.greedy and not r.params.needs_penalties for r in requests)
 
 
 def draw_drafts(

@@ -10,7 +10,7 @@ from verispec.batch import SeqChunk
 from verispec.engine.scheduler import ScheduledRequest
 from verispec.models.paged import PagedModel
 from verispec.outputs import TokenLogprobs
-from verispec.request import sampling_tensors
+from verispec.request import all_greedy, sampling_tensors
 from verispec.sample.rejection import Verdict, verify, verify_greedy
 from verispec.sample.tree import DraftTree, verify_tree
 
@@ -60,7 +60,7 @@ class ModelRunner:
         it as history. An accepted tree path's KV is moved to the slots a chain would use."""
         if any(s.draft_tree is not None for s in sampling):
             return self._verify_trees(logits, sampling)
-        if all(s.request.params.greedy and not s.request.params.needs_penalties for s in sampling):
+        if all_greedy([s.request for s in sampling]):
             return verify_greedy(logits, [s.draft_token_ids for s in sampling])  # no tensors
         rows = [
             (s.request, s.draft_token_ids[:j])

@@ -39,7 +39,6 @@ from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.linear import Linear, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
-from verispec.models.native_layer import NativeStack
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -202,10 +201,11 @@ class EagleHead:
         )
         self.compiled: CompiledStack | None = None
         """The head's step under torch.compile (see compile); None = eager."""
-        self.native: NativeStack | None = None
+        self.native: native_layer.NativeStack | None = None
         """Where set, eager steps run the layer in native code (native_layer.py)."""
         if native_layer.supported([self.layer], self.layer_config, self.embed):
-            self.native = NativeStack([self.layer], self.layer_config, self.inv_freq, self.norm)
+            self.native = native_layer.NativeStack([self.layer], self.layer_config,
+                                                   self.inv_freq, self.norm)  # fmt: skip
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -265,7 +265,8 @@ class EagleHead:
         residual stream."""
         first = self.layer_input(batch.input_ids, feature)  # [T, 2 * hidden]
         out = feature.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
-        normed, _ = cast(NativeStack, self.native).run(batch, kv, out, first_input=first)
+        stack = cast(native_layer.NativeStack, self.native)
+        normed, _ = stack.run(batch, kv, out, first_input=first)
         return out, self.lm_head(normed.index_select(0, batch.logits_indices)).float()
 
     def layer_input(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:

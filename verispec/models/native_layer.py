@@ -3,9 +3,9 @@
 Why: in eager torch a SmolLM2 decode step runs some 20 small operators per layer (norms, rotary
 arithmetic, the cache write, attention, SiLU, residual adds) between its four products. Each
 costs a Python dispatch, an allocation and often a wake of the thread pool; together they cost
-about as much as streaming the weights. Here Python builds the step's key plan (which cached
-keys each new row sees) and the rotary tables, and one C call runs every layer: the products
-on the native linear kernel, the rest over plain float32 arrays.
+about as much as streaming the weights. Here Python hands over the batch's block tables and
+offsets (KeyPlan: which cached keys each new row sees), and one C call runs every layer: the
+products on the native linear kernel, the rest over plain float32 arrays.
 
 It runs where every product of the model runs the native kernel with no padded columns
 (float32 on the CPU), in eager mode; llama.py's torch operators stay the reference it is tested

@@ -60,10 +60,10 @@ def verify(
     Worked example (greedy): drafts [[5, 7, 2]], row argmaxes [5, 7, 9, 4] -> accept 5 and 7,
     reject 2, emit the target's 9: token_ids [[5, 7, 9]], num_accepted [2].
     """
-    _check_rows(logits, drafts)
-    counts = [len(d) for d in drafts]
     if t.all_greedy and not t.need_penalties:
         return verify_greedy(logits, drafts)
+    _check_rows(logits, drafts)
+    counts = [len(d) for d in drafts]
     device = logits.device
     flat = torch.tensor([x for d in drafts for x in d], dtype=torch.int64, device=device)  # [D]
     starts = torch.tensor(_starts(counts), dtype=torch.int64, device=device)  # [N] first row
