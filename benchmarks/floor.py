@@ -30,6 +30,7 @@ from verispec.models.loader import load_model
 MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),
     "smollm2-fp16": (lambda: pull("smollm2-135m-instruct"), "fp16"),
+    "smollm2-a8": (lambda: pull("smollm2-135m-instruct"), "a8"),  # its codes times 8-bit inputs
     "embedded-target": (lambda: embedded_model_path("target"), None),
     "embedded-draft": (lambda: embedded_model_path("draft"), None),
     "embedded-draft-q8_0": (lambda: embedded_model_path("draft"), "q8_0"),  # lossy: a draft may be

@@ -17,6 +17,7 @@ from conftest import CORPUS, SPEC_PAIRS, count_preemptions
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.engine.runner import ModelRunner
+from verispec.models.native_linear import NativeKernel, native_kernel
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 
@@ -275,8 +276,11 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
 
 
 @pytest.mark.parametrize(
-    ("quantization", "draft_quantization"), [("int8", None), ("fp16", "int8"), (None, "fp16")]
-)
+    ("quantization", "draft_quantization"),
+    [("int8", None), ("fp16", "int8"), (None, "fp16"),
+     pytest.param("w8a8", "w8a8", marks=pytest.mark.skipif(
+         not isinstance(native_kernel(), NativeKernel), reason="w8a8 needs the native kernel"))],
+)  # fmt: skip
 @pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
 def test_quantized_pairs_equal_plain_decoding_of_the_quantized_target(
     spec_pair, quantization: str | None, draft_quantization: str | None, plain: Plain

@@ -14,6 +14,7 @@ import torch
 from verispec.models import native_linear
 from verispec.models.linear import Linear, choose_backend, kernel_for, pack_together
 from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel, pack
+from verispec.models.quantization import round_to_q8_0
 
 CPU = torch.device("cpu")
 KERNEL = native_kernel()
@@ -214,3 +215,67 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
             torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
             for i in range(rows):
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
+
+
+def round_rows_like_the_kernel(x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] with each 32-column chunk rounded as quantization "a8" rounds it (linear.c):
+    d = max |x| / 127, q = x * (127 / max |x|) to the nearest integer, ties to even."""
+    chunks = x.view(x.shape[0], -1, 32)
+    amax = chunks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(chunks * inv) * (amax / 127)).view_as(x)
+
+
+def test_a8_codes_layout_worked_example() -> None:
+    w = torch.zeros(2, 32)
+    w[1, 5] = 15.875  # Q8_0 block: d = 0.125, code 127
+    w[1, 6] = -0.25  # code -2
+    codes = native_linear.affine_codes(w)
+    assert codes is not None
+    packed, scales = native_linear.pack_codes_a8(codes)
+    assert packed.shape == (1, 1, 8, 16, 4) and packed.dtype == torch.uint8
+    # column 5 = 4 * 1 + 1, column 6 = 4 * 1 + 2: group 1, row 1; codes + 128
+    assert packed[0, 0, 1, 1, 1] == 255 and packed[0, 0, 1, 1, 2] == 126
+    assert packed[0, 0, 0, 0, 0] == 128  # a zero code
+    assert scales[0, 0, 0, 1] == 0.125 and native_linear.packed_columns(packed) == 32
+
+
+@needs_kernel
+@pytest.mark.parametrize("form", ["q4_1", "q8_0"])
+def test_a8_products_round_each_row_on_its_own(form: str) -> None:
+    """Quantization "a8": the product of the codes with x rounded to 8-bit blocks; bit for bit
+    the same on every instruction set (integer sums) and for a row alone or among others."""
+    g = torch.Generator().manual_seed(5)
+    w = gguf_like(37, 3, 6) if form == "q4_1" else round_to_q8_0(torch.randn(37, 96, generator=g))
+    bias = torch.randn(37, generator=g)
+    linear = Linear(w, bias, "native", quantization="a8")
+    assert linear.weight.dtype == torch.uint8 and linear.native_scales is not None
+    x = torch.randn(40, 96, generator=g) * torch.logspace(-3, 1, 96)  # chunks of many sizes
+    x[0, :32] = 0.0  # an all-zero chunk rounds to zeros
+    packed, scales = linear.weight, linear.native_scales
+    expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
+    results = []
+    for kernel in kernels():
+        alone = [native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)[0]
+                 for i in range(40)]  # fmt: skip
+        for rows in (2, 3, 4, 5, 8, 9, 40):
+            whole = native_linear._product(kernel, x[:rows], packed, bias, 37, scales)
+            torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
+            for i in range(rows):
+                assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
+        results.append(torch.stack(alone))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    plain = x.double() @ w.double().T + bias.double()
+    assert (results[0].double() - plain).abs().max() > 1e-3  # the rounding is real
+
+
+@needs_kernel
+def test_a8_needs_weights_stored_as_codes() -> None:
+    w = torch.randn(32, 64)
+    with pytest.raises(ValueError, match=r"no weight of this model is stored as codes.*w8a8"):
+        pack_together([Linear(w, None, "auto", quantization="a8")])
+    with pytest.raises(ValueError, match=r"native kernel only.*'torch'"):
+        Linear(gguf_like(32, 2, 1), None, "torch", quantization="a8")
+    coded = Linear(w, None, "auto", quantization="w8a8")  # rounded to q8_0 first
+    pack_together([coded])
+    assert coded.weight.dtype == torch.uint8

@@ -10,7 +10,12 @@ import torch
 
 from verispec.models import native_linear
 from verispec.models.native_linear import NativeKernel, NativeUnavailable
-from verispec.models.quantization import int8_per_channel, round_to_fp16, round_to_q8_0
+from verispec.models.quantization import (
+    ACTIVATION_QUANTIZATIONS,
+    int8_per_channel,
+    round_to_fp16,
+    round_to_q8_0,
+)
 
 LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
 BACKENDS = ("auto", "torch", "onednn", "fp16", "native")
@@ -110,7 +115,8 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 
     quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" and "q8_0"
     round the weight first, so the rules below then pick the fp16 kernel on a float32 CPU, or
-    the native kernel's 8-bit codes for q8_0 on an Intel CPU.
+    the native kernel's 8-bit codes for q8_0 on an Intel CPU; "a8" and "w8a8" need the native
+    kernel (on any CPU it runs on: its integer products are the point).
 
     "auto" (float32 CPU): on an Intel CPU, "native" when it builds and runs here (verispec's
     own kernel, native_linear.py: it streams each weight in the fewest bytes that hold it
@@ -123,6 +129,16 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
+    if quantization in ACTIVATION_QUANTIZATIONS:
+        native = native_linear.native_kernel()
+        if backend not in ("auto", "native") or isinstance(native, NativeUnavailable):
+            why = native.reason if isinstance(native, NativeUnavailable) else (
+                f"linear_backend={backend!r} was asked for; use 'auto' or 'native'")
+            raise ValueError(
+                f"quantization={quantization!r} runs on the native kernel only, which cannot "
+                f"run here: {why}"
+            )
+        return "native"
     if quantization == "int8":
         if backend in ("onednn", "fp16"):
             raise ValueError(
@@ -148,9 +164,17 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
     order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
-    m of affine codes go into one more."""
+    m of affine codes go into one more. Refuses "a8" for a model none of whose weights are
+    8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
-    for dtype in (torch.int8, torch.float16, torch.float32):
+    rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
+    if rounded and not any(cast(torch.Tensor, lin.weight).dtype == torch.uint8 for lin in native):
+        raise ValueError(
+            f"quantization={rounded[0].quantization!r} multiplies 8-bit weight codes by 8-bit "
+            "inputs, but no weight of this model is stored as codes (GGUF Q4_1 or Q8_0 "
+            "blocks); use quantization='w8a8' to round the weights to q8_0 first"
+        )
+    for dtype in (torch.int8, torch.uint8, torch.float16, torch.float32):
         some = [lin for lin in native if cast(torch.Tensor, lin.weight).dtype == dtype]
         moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in some])
         for lin, weight in zip(some, moved, strict=True):
@@ -176,8 +200,9 @@ class Linear:
         self.bias = bias
         if quantization == "fp16":
             weight = round_to_fp16(weight)
-        elif quantization == "q8_0":
+        elif quantization in ("q8_0", "w8a8"):
             weight = round_to_q8_0(weight)
+        self.quantization = quantization
         self.kernel = kernel_for(backend, weight, quantization)
         self.row_wise = row_wise and self.kernel != "native"
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
@@ -196,7 +221,9 @@ class Linear:
             # exactly: 8-bit affine codes (1.25 bytes a weight; dequantized GGUF blocks), else
             # float16, else float32. The original weight is not kept.
             codes = native_linear.affine_codes(weight.detach())
-            if codes is not None:
+            if codes is not None and quantization in ACTIVATION_QUANTIZATIONS:
+                self.weight, self.native_scales = native_linear.pack_codes_a8(codes)
+            elif codes is not None:
                 self.weight, self.native_scales = native_linear.pack_codes(codes)
             else:
                 dtype = torch.float16 if exactly_fp16(weight) else torch.float32

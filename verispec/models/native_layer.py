@@ -27,7 +27,7 @@ from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
 from verispec.models.config import ModelConfig
 from verispec.models.linear import Linear
-from verispec.models.native_linear import kind_of, loaded
+from verispec.models.native_linear import kind_of, loaded, packed_columns
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
@@ -51,8 +51,7 @@ def supported(layers: Sequence[DecoderLayer], config: ModelConfig, embed: torch.
 
 def _columns(lin: Linear) -> int:
     """K', the columns of a native layer's packed weight (in_features padded)."""
-    packed = cast(torch.Tensor, lin.weight)
-    return packed.shape[1] * packed.shape[3]
+    return packed_columns(cast(torch.Tensor, lin.weight))
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,6 +302,24 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales
 
 
+def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """AffineCodes -> linear.c's kind 3, whose products round x to 8-bit blocks (quantization
+    "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
+    W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
+    scales as `pack_codes`. Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
+    packed, scales = pack_codes(codes)
+    blocks, chunks = packed.shape[:2]
+    unsigned = (packed.to(torch.int16) + 128).to(torch.uint8)  # [B, C, 16, 32]
+    grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
+    return grouped.contiguous(), scales
+
+
+def packed_columns(packed: torch.Tensor) -> int:
+    """K', the columns of a packed weight (in_features padded to 16, or 32 for codes)."""
+    coded = packed.dtype in (torch.int8, torch.uint8)
+    return packed.shape[1] * (CODE_COLUMNS if coded else packed.shape[3])
+
+
 def product(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
     scales: torch.Tensor | None = None,
@@ -328,7 +346,7 @@ def _product(
     kernel: NativeKernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
     out_features: int, scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    columns = packed.shape[1] * packed.shape[3]  # K'
+    columns = packed_columns(packed)  # K'
     x = x.contiguous()
     if x.shape[1] != columns:
         x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
@@ -342,9 +360,11 @@ def _product(
 
 
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
-    """linear.c's kind of a packed weight: 2 = 8-bit codes (with scales), 1 = float16, 0 =
-    float32."""
-    return 2 if scales is not None else 1 if packed.dtype == torch.float16 else 0
+    """linear.c's kind of a packed weight: 3 = 8-bit codes times 8-bit activations (uint8,
+    `pack_codes_a8`), 2 = 8-bit codes (with scales), 1 = float16, 0 = float32."""
+    if scales is not None:
+        return 3 if packed.dtype == torch.uint8 else 2
+    return 1 if packed.dtype == torch.float16 else 0
 
 
 @torch.library.custom_op("verispec::native_linear", mutates_args=())

@@ -1,4 +1,5 @@
-"""Weight-only quantization: the optional rounding of linear-layer weights at load time.
+"""Quantization: the optional rounding of linear-layer weights at load time, and of their
+inputs at every product ("a8", "w8a8").
 
 Speculative decoding stays lossless with respect to the model that is actually run: with a
 quantized target the output is exactly (greedy) or in distribution (sampling) that quantized
@@ -9,7 +10,12 @@ from __future__ import annotations
 
 import torch
 
-QUANTIZATIONS = ("fp16", "int8", "q8_0")
+QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
+ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
+"""Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
+computes GGUF models (native kernel, linear.c kind 3): "a8" for weights stored as codes (GGUF
+Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first. Rows are rounded on their
+own, so a verify row still equals the decode step of the same input bit for bit."""
 Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 

@@ -246,9 +246,9 @@ FAST static void attend_head(const float *q, const float *kc, const float *vc,
  * all of them. Each head's result is attend_head's bit for bit: a score is dot8's sequence
  * (8-lane products in column order, the same pairwise reduction), a value column adds its
  * terms in key order from 0, so a row may take either routine (dim a multiple of 32). */
-FAST static void attend_heads(const float *q, const int H, const float *kc, const float *vc,
-                              const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
-                              float scale, float *scores, float *out) {
+FAST INLINE void attend_heads_n(const float *q, const int H, const float *kc, const float *vc,
+                                const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
+                                float scale, float *scores, float *out) {
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t j = 0; j < n; j += 4) { /* 4 keys by H heads: 4 H accumulators */
     for (int64_t f = j + AHEAD; f < j + AHEAD + 4 && f < n; f++) fetch(kc + slots[f] * stride, dim);
@@ -295,6 +295,16 @@ FAST static void attend_heads(const float *q, const int H, const float *kc, cons
   }
   for (int h = 0; h < H; h++)
     for (int64_t i = 0; i < dim; i++) out[h * dim + i] *= inv[h];
+}
+
+/* attend_heads_n compiled for each H, its loops over heads unrolled (as a runtime bound they
+ * left branches and spilled accumulators in the inner loops). */
+FAST static void attend_heads(const float *q, const int H, const float *kc, const float *vc,
+                              const int64_t *slots, int64_t n, int64_t stride, int64_t dim,
+                              float scale, float *scores, float *out) {
+  if (H == 3) attend_heads_n(q, 3, kc, vc, slots, n, stride, dim, scale, scores, out);
+  else if (H == 2) attend_heads_n(q, 2, kc, vc, slots, n, stride, dim, scale, scores, out);
+  else attend_heads_n(q, 1, kc, vc, slots, n, stride, dim, scale, scores, out);
 }
 
 /* Which cached keys each new row of one forward sees (the same for every layer). Sequence s

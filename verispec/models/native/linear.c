@@ -20,6 +20,7 @@
  * that torch has already loaded (same soname), so torch and this kernel share one pool.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -383,6 +384,212 @@ AVX2 static void linear_q8_avx2(const float *x, const int8_t *codes, const float
   }
 }
 
+/* ------------------------------- 8-bit codes times 8-bit activations (kind 3, "a8") */
+
+/* As llama.cpp computes products of its Q4_1 and Q8_0 blocks: each 32-column chunk of a row
+ * of x is rounded to d_x * q_x with d_x = max|x| / 127 and q_x = x * (127 / max|x|) rounded to
+ * the nearest integer (ties to even), and each output adds its chunks in column order as
+ *   acc = fma(d_x * d, (float)(sum_l u_l q_l - 128 sum_l q_l), acc);  acc = fma(m, mx, acc)
+ * with u = q_w + 128 the weight's code stored unsigned and mx = d_x * (float)sum_l q_l. The
+ * integer sums are exact in any order, so AVX-512 VNNI's vpdpbusd and the portable loop agree
+ * bit for bit; rows of x never mix, so the product stays row-invariant.
+ * Layout: codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) + 128 (uint8; k < 8, j < 16,
+ * e < 4): one 64-byte vector holds 4 columns of the block's 16 rows, as vpdpbusd takes them.
+ * Scales as kind 2: scales[b][c][0][j] = d, scales[b][c][1][j] = m. */
+
+typedef struct {
+  int8_t *q;       /* [T][K] */
+  float *dx, *mx;  /* [T][K / 32] */
+  int32_t *corr;   /* [T][K / 32]: -128 * the sum of the chunk's q, where its sum starts */
+} RoundedRows;
+
+/* Row t's chunk c of x rounded as above (q, d_x, mx and the sum's correction). */
+static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, int32_t *corr) {
+  float amax = 0.0f;
+  for (int l = 0; l < QC; l++) {
+    const float a = fabsf(x[l]);
+    amax = a > amax ? a : amax;
+  }
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int l = 0; l < QC; l++) {
+    const int v = _mm_cvtss_si32(_mm_set_ss(x[l] * inv)); /* nearest, ties to even */
+    q[l] = (int8_t)v;
+    sum += v;
+  }
+  *dx = amax / 127.0f;
+  *mx = *dx * (float)sum;
+  *corr = -128 * sum;
+}
+
+/* The same with AVX-512: max and integer sums are exact in any order, x * inv is one rounding
+ * and vcvtps2dq rounds to nearest even, so the bits are round_chunk's. */
+AVX512 INLINE void round_chunk_avx512(const float *x, int8_t *q, float *dx, float *mx,
+                                      int32_t *corr) {
+  const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
+  const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+  _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(a));
+  _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(b));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+  *dx = amax / 127.0f;
+  *mx = *dx * (float)sum;
+  *corr = -128 * sum;
+}
+
+AVX512 static void round_rows_avx512(const float *x, int64_t n, RoundedRows r, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; i++)
+    round_chunk_avx512(x + i * QC, r.q + i * QC, r.dx + i, r.mx + i, r.corr + i);
+}
+
+/* x [T, K] rounded chunk by chunk (on one thread below 512 chunks: not worth a wake-up). */
+static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRows r,
+                       int threads) {
+  const int64_t n = T * (K / QC);
+  if (n < 512) threads = 1;
+  if (isa == 2) {
+    round_rows_avx512(x, n, r, threads);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; i++) round_chunk(x + i * QC, r.q + i * QC, r.dx + i, r.mx + i, r.corr + i);
+}
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+
+/* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
+ * row of x, lane j for weight row j; the integer sum of a chunk in two partial sums (even and
+ * odd 4-column groups) so that four rows keep eight vpdpbusd chains in flight. */
+VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const float *sb,
+                              const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
+                              int64_t rows, int64_t t0, const int TN, const uint8_t *next,
+                              const float *next_scales) {
+  const int64_t C = K / QC;
+  __m512 acc[4];
+  _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < C; c++) {
+    if (next) { /* the next block's chunk c into L2, while this one computes */
+      _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
+        _mm_prefetch((const char *)(next + c * R * QC + l), _MM_HINT_T1);
+      _mm_prefetch((const char *)(next_scales + c * 2 * R), _MM_HINT_T1);
+      _mm_prefetch((const char *)(next_scales + c * 2 * R + R), _MM_HINT_T1);
+    }
+    __m512i w[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+      w[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
+    const __m512 d = _mm512_loadu_ps(sb + c * 2 * R), m = _mm512_loadu_ps(sb + c * 2 * R + R);
+    _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
+      const int64_t tc = (t0 + i) * C + c;
+      const int8_t *q = r.q + tc * QC;
+      __m512i even = _mm512_set1_epi32(r.corr[tc]), odd = _mm512_setzero_si512();
+      _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {
+        int32_t a, b;
+        __builtin_memcpy(&a, q + 4 * k, 4);
+        __builtin_memcpy(&b, q + 4 * k + 4, 4);
+        even = _mm512_dpbusd_epi32(even, w[k], _mm512_set1_epi32(a));
+        odd = _mm512_dpbusd_epi32(odd, w[k + 1], _mm512_set1_epi32(b));
+      }
+      const __m512i sum = _mm512_add_epi32(even, odd);
+      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(r.dx[tc]), d);
+      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), acc[i]);
+      acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(r.mx[tc]), acc[i]);
+    }
+  }
+  const __mmask16 live = (__mmask16)((1u << rows) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + n0) : _mm512_setzero_ps();
+  _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++)
+    _mm512_mask_storeu_ps(y + (t0 + i) * ldy + n0, live,
+                          bias ? _mm512_add_ps(acc[i], b) : acc[i]);
+}
+
+#define A8_TILE(TN) \
+  tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales)
+
+VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const float *scales,
+                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                                int64_t ldy, int threads) {
+  const int64_t blocks = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++) {
+    const uint8_t *cb = codes + b * R * K;
+    const float *sb = scales + b * 2 * R * (K / QC);
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    /* With more than one tile, the first asks for the next block (schedule(static) gives a
+     * thread consecutive blocks) while the others compute from cache. */
+    const uint8_t *next = T > 4 && b + 1 < blocks ? cb + R * K : NULL;
+    const float *next_scales = sb + 2 * R * (K / QC);
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4, next = NULL) A8_TILE(4);
+    switch (T - t) {
+      case 3: A8_TILE(3); break;
+      case 2: A8_TILE(2); break;
+      case 1: A8_TILE(1); break;
+      default: break;
+    }
+  }
+}
+
+/* The same sums on any CPU the kernel runs on (AVX2, or AVX-512 without VNNI): the same
+ * integers, then the same two fmas per chunk in the same order, so the same bits. */
+AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
+                                    const float *scales, const float *bias, float *y, int64_t T,
+                                    int64_t N, int64_t K, int64_t ldy, int threads) {
+  const int64_t blocks = (N + R - 1) / R, C = K / QC;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++) {
+    const uint8_t *cb = codes + b * R * K;
+    const float *sb = scales + b * 2 * R * C;
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    for (int64_t t = 0; t < T; t++) {
+      float acc[R] = {0};
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t tc = t * C + c;
+        const int8_t *q = r.q + tc * QC;
+        int32_t sum[R] = {0};
+        for (int k = 0; k < 8; k++)
+          for (int j = 0; j < R; j++)
+            for (int e = 0; e < 4; e++)
+              sum[j] += (int32_t)cb[c * R * QC + 64 * k + 4 * j + e] * q[4 * k + e];
+        for (int j = 0; j < R; j++) {
+          const float scale = r.dx[tc] * sb[c * 2 * R + j];
+          acc[j] = fmaf(scale, (float)(sum[j] + r.corr[tc]), acc[j]);
+          acc[j] = fmaf(sb[c * 2 * R + R + j], r.mx[tc], acc[j]);
+        }
+      }
+      for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
+    }
+  }
+}
+
+static int has_vnni(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+/* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
+ * vpdpbusd where isa is 2 and the CPU has AVX-512 VNNI, else the portable loop. */
+static void linear_a8(int isa, const float *x, const uint8_t *codes, const float *scales,
+                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
+                      int threads) {
+  const int64_t C = K / QC;
+  int8_t *q = malloc((size_t)(T * K));
+  float *f = malloc(sizeof(float) * 2 * T * C);
+  int32_t *corr = malloc(sizeof(int32_t) * T * C);
+  const RoundedRows r = {q, f, f + T * C, corr};
+  round_rows(isa, x, T, K, r, threads);
+  if (isa == 2 && has_vnni())
+    linear_a8_vnni(r, codes, scales, bias, y, T, N, K, ldy, threads);
+  else
+    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
+  free(q);
+  free(f);
+  free(corr);
+}
+
 /* ------------------------------------------------------------------------ entry points */
 
 /* 2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = neither (the kernel cannot run here). */
@@ -419,12 +626,15 @@ static void linear_q8(int isa, const float *x, const int8_t *codes, const float 
 #define CHUNK_ROWS 128 /* rows of x per pass: every block re-reads them, so they stay in cache */
 
 /* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so
- * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales. */
+ * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales,
+ * 3 = 8-bit codes (kind 3's layout) times x rounded to 8-bit blocks. */
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
-    if (kind == 2)
+    if (kind == 3)
+      linear_a8(isa, x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
+    else if (kind == 2)
       linear_q8(isa, x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
     else if (kind == 1)
       linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
