@@ -219,6 +219,17 @@ class VerispecFp16Engine(VerispecEngine):
     quantization: ClassVar[str | None] = "fp16"
 
 
+class VerispecA8Engine(VerispecEngine):
+    """verispec with each product's input rounded to 8-bit blocks of 32 and multiplied by the
+    target's 8-bit weight codes (quantization="a8", as llama.cpp computes GGUF models);
+    lossless with respect to that computation, so compared with its own plain decoding."""
+
+    engine = "verispec-a8"
+    reference: ClassVar[str | None] = "verispec-a8"
+    note: ClassVar[str] = "inputs rounded to 8-bit blocks: its ids may differ from verispec's"
+    quantization: ClassVar[str | None] = "a8"
+
+
 def spec_config(spec: MethodSpec, draft: Path | None) -> SpecConfig | None:
     """The SpecConfig for spec (None for PLAIN); each method is given only the options it
     reads. draft: the draft checkpoint or head directory of methods that take one."""

@@ -24,6 +24,7 @@ from verispec.bench.engines import (
     MethodSpec,
     Sampling,
     TreeShape,
+    VerispecA8Engine,
     VerispecEngine,
     VerispecFp16Engine,
     takes_draft,
@@ -44,7 +45,9 @@ from verispec.drafters.registry import method as method_traits
 from verispec.metrics import SpecStats
 
 ENGINES: dict[str, Any] = {
-    e.engine: e for e in (VerispecEngine, VerispecFp16Engine, TransformersEngine, LlamaCppEngine)
+    e.engine: e
+    for e in (VerispecEngine, VerispecFp16Engine, VerispecA8Engine, TransformersEngine,
+              LlamaCppEngine)
 }
 OPTIONAL = {"llamacpp": llama_cpp_missing}  # engine -> why it cannot run here (None: it can)
 DRAFT_ALONE = "draft-alone"  # a plain run of the draft model, for the draft/target cost ratio
