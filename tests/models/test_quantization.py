@@ -79,7 +79,7 @@ def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
 
 @pytest.mark.parametrize("name", ["int4", "FP16", "", 8])
 def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
-    with pytest.raises(ValueError, match="fp16, int8, q8_0 or None"):
+    with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8 or None"):
         check_quantization(name)  # type: ignore[arg-type]
 
 
