@@ -258,7 +258,7 @@ def test_a8_products_round_each_row_on_its_own(form: str) -> None:
     for kernel in kernels():
         alone = [native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)[0]
                  for i in range(40)]  # fmt: skip
-        for rows in (2, 3, 4, 5, 8, 9, 40):
+        for rows in (2, 3, 4, 5, 8, 9, 13, 16, 40):  # tiles of 8, 4 and 1-3 rows
             whole = native_linear._product(kernel, x[:rows], packed, bias, 37, scales)
             torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
             for i in range(rows):
