@@ -130,13 +130,17 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
     if quantization in ACTIVATION_QUANTIZATIONS:
+        if backend not in ("auto", "native"):
+            raise ValueError(
+                f"quantization={quantization!r} runs on the native kernel only (float32 on the "
+                f"CPU), but this model's linear kernels are {backend!r}: use dtype float32, "
+                "device cpu and linear_backend 'auto' or 'native'"
+            )
         native = native_linear.native_kernel()
-        if backend not in ("auto", "native") or isinstance(native, NativeUnavailable):
-            why = native.reason if isinstance(native, NativeUnavailable) else (
-                f"linear_backend={backend!r} was asked for; use 'auto' or 'native'")
+        if isinstance(native, NativeUnavailable):
             raise ValueError(
                 f"quantization={quantization!r} runs on the native kernel only, which cannot "
-                f"run here: {why}"
+                f"run here: {native.reason}"
             )
         return "native"
     if quantization == "int8":

@@ -461,8 +461,9 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 
 /* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
- * row of x, lane j for weight row j; the integer sum of a chunk in two partial sums (even and
- * odd 4-column groups) so that four rows keep eight vpdpbusd chains in flight. */
+ * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
+ * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
+ * least eight chains are in flight (integer sums: the split changes no bit). */
 VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const float *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
@@ -516,8 +517,6 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
     const uint8_t *cb = codes + b * R * K;
     const float *sb = scales + b * 2 * R * (K / QC);
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    /* With more than one tile, the first asks for the next block (schedule(static) gives a
-     * thread consecutive blocks) while the others compute from cache. */
     /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
      * 4 + 1): 8 rows stream a block once. With more than one tile the first asks for the
      * next block (schedule(static) gives a thread consecutive blocks) while the others
@@ -573,9 +572,13 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
 }
 
 static int has_vnni(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
+  static int known = -1; /* the same answer for every thread: a benign race */
+  if (known < 0) {
+    __builtin_cpu_init();
+    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vnni");
+  }
+  return known;
 }
 
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
