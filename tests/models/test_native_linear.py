@@ -242,12 +242,13 @@ def test_a8_codes_layout_worked_example() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("form", ["q4_1", "q8_0"])
-def test_a8_products_round_each_row_on_its_own(form: str) -> None:
+@pytest.mark.parametrize("out", [37, 64])  # 64: up to 4 rows go in pairs of blocks
+def test_a8_products_round_each_row_on_its_own(form: str, out: int) -> None:
     """Quantization "a8": the product of the codes with x rounded to 8-bit blocks; bit for bit
     the same on every instruction set (integer sums) and for a row alone or among others."""
     g = torch.Generator().manual_seed(5)
-    w = gguf_like(37, 3, 6) if form == "q4_1" else round_to_q8_0(torch.randn(37, 96, generator=g))
-    bias = torch.randn(37, generator=g)
+    w = gguf_like(out, 3, 6) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
+    bias = torch.randn(out, generator=g)
     linear = Linear(w, bias, "native", quantization="a8")
     assert linear.weight.dtype == torch.uint8 and linear.native_scales is not None
     x = torch.randn(40, 96, generator=g) * torch.logspace(-3, 1, 96)  # chunks of many sizes
@@ -256,10 +257,10 @@ def test_a8_products_round_each_row_on_its_own(form: str) -> None:
     expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
     results = []
     for kernel in kernels():
-        alone = [native_linear._product(kernel, x[i : i + 1], packed, bias, 37, scales)[0]
+        alone = [native_linear._product(kernel, x[i : i + 1], packed, bias, out, scales)[0]
                  for i in range(40)]  # fmt: skip
         for rows in (2, 3, 4, 5, 8, 9, 13, 16, 40):  # tiles of 8, 4 and 1-3 rows
-            whole = native_linear._product(kernel, x[:rows], packed, bias, 37, scales)
+            whole = native_linear._product(kernel, x[:rows], packed, bias, out, scales)
             torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
             for i in range(rows):
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
