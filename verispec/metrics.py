@@ -77,6 +77,7 @@ class SpecStats:
 
 
 PHASES = ("schedule", "draft", "target", "verify", "update")
+STEP_KINDS = ("decode", "verify")
 
 
 @dataclass(slots=True)
@@ -90,6 +91,13 @@ class StepTimes:
 
     steps: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    kinds: dict[str, list[float]] = field(
+        default_factory=lambda: {kind: [0, 0.0] for kind in STEP_KINDS}
+    )
+    """kind -> [steps, seconds of their draft and target phases]: "decode", steps in which every
+    request decodes one token without drafts (a plain decode step); "verify", steps in which
+    every request decodes one token and verifies drafts. Steps with a prompt chunk are neither.
+    A pass's own steps of both kinds give a step's cost without drift between passes."""
     _mark: float = field(default=0.0, repr=False)  # perf_counter() at the last start or lap
 
     def start(self) -> None:
@@ -102,10 +110,17 @@ class StepTimes:
         self.seconds[phase] += now - self._mark
         self._mark = now
 
+    def record(self, kind: str | None, seconds: float) -> None:
+        """Count one step of `kind` (STEP_KINDS, or None: neither) and its forward seconds."""
+        if kind is not None:
+            self.kinds[kind][0] += 1
+            self.kinds[kind][1] += seconds
+
     def fractions(self) -> dict[str, float]:
         """Each phase's share of the total: e.g. {"draft": 0.2, "target": 0.6, ...}."""
         total = sum(self.seconds.values())
         return {p: (s / total if total else 0.0) for p, s in self.seconds.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "seconds": dict(self.seconds), "fractions": self.fractions()}
+        return {"steps": self.steps, "seconds": dict(self.seconds), "fractions": self.fractions(),
+                "kinds": {kind: list(v) for kind, v in self.kinds.items()}}

@@ -57,6 +57,25 @@ def test_step_cost_worked_example() -> None:
     assert step_predicted_speedup(None, 1.2) is None and step_predicted_speedup(2.0, None) is None
 
 
+def test_step_cost_from_steps_timed_by_kind() -> None:
+    """A pass's own plain decode steps, when it has enough, else the plain pass's: drift between
+    passes (here the plain pass ran 10% slower) stays out of the ratio."""
+    plain = PassTimes(2.0, 0.08, 96, 0, 0, decode_steps=95, decode_s=95 * 0.0096)
+    spec = PassTimes(5.33, 0.43, 702, 93, 180, decode_steps=431, decode_s=3.763,
+                     verify_timed=93, verify_s=1.063)  # fmt: skip
+    assert step_cost_ratio(spec, plain) == pytest.approx(1.063 / 93 / (3.763 / 431))  # 1.31
+    few = PassTimes(1.0, 0.08, 96, 30, 60, decode_steps=5, decode_s=0.04,
+                    verify_timed=30, verify_s=0.84)  # fmt: skip
+    assert step_cost_ratio(few, plain) == pytest.approx(0.84 / 30 / 0.0096)
+    untimed = PassTimes(1.0, 0.08, 96, 30, 60)  # an engine that kept no kinds: phase totals
+    assert step_cost_ratio(untimed, plain) == pytest.approx((1.0 - 0.08 - 6 * t1(plain)) / 30
+                                                            / t1(plain))  # fmt: skip
+
+
+def t1(plain: PassTimes) -> float:
+    return (plain.forward_s - plain.prefill_s) / plain.decode_tokens
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

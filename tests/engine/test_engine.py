@@ -200,3 +200,22 @@ def test_step_reports_requests_that_got_a_token(make_llm: Callable[..., LLM]) ->
     assert set(times.seconds) == set(PHASES) and times.seconds["target"] > 0
     assert times.seconds["draft"] < times.seconds["target"]  # plain: the proposer is skipped
     assert sum(times.fractions().values()) == pytest.approx(1.0)
+    # by kind: from step 4 on every step decodes one token a request; none verifies
+    decode_steps, decode_s = times.kinds["decode"]
+    assert decode_steps == len(out.token_ids) - 1 and 0 < decode_s <= times.seconds["target"]
+    assert times.kinds["verify"] == [0, 0.0]
+
+
+def test_steps_that_verify_drafts_are_timed_as_their_own_kind(llama_checkpoint: Path) -> None:
+    from verispec import SpecConfig
+
+    spec = SpecConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1)
+    llm = LLM(model=str(llama_checkpoint), speculative=spec)
+    repeated = [0, *([5, 6, 7, 8, 9] * 6)]  # prompt lookup finds drafts at once
+    out = llm.generate(repeated, GREEDY)[0]
+    times, stats = llm.engine.step_times, llm.engine.spec_stats
+    assert stats.num_verify_steps > 0 and times.kinds["verify"][0] == stats.num_verify_steps
+    # tokens after the first: one per plain decode step, accepted + 1 per verify step
+    decoded = times.kinds["decode"][0] + stats.num_verify_steps + stats.num_accepted_tokens
+    assert decoded == len(out.token_ids) - 1
+    assert times.kinds["verify"][1] > 0

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.engine.scheduler import Scheduler
+from verispec.engine.scheduler import ScheduledRequest, Scheduler, step_kind
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.metrics import SpecStats
 from verispec.request import Request, Status
@@ -299,3 +300,19 @@ def test_any_workload_finishes_with_the_same_tokens(
     one_seq = math.ceil(longest / block_size)
     reference = run(num_blocks=len(prompt_lens) * one_seq, seqs=8, tokens_per_step=1024)
     assert run(one_seq + spare_blocks, max_num_seqs, budget) == reference
+
+
+def test_step_kind_names_plain_decode_and_verify_steps() -> None:
+    request = SimpleNamespace(num_tokens=10)
+
+    def chunk(tokens: int, drafts: int, start: int = 9) -> ScheduledRequest:
+        s = ScheduledRequest(request, start, [1] * tokens, [])  # type: ignore[arg-type]
+        s.draft_token_ids = [2] * drafts
+        return s
+
+    assert step_kind([chunk(1, 0), chunk(1, 0)]) == "decode"
+    assert step_kind([chunk(1, 3), chunk(1, 1)]) == "verify"
+    assert step_kind([chunk(1, 3), chunk(1, 0)]) is None  # a mix
+    assert step_kind([chunk(4, 0, start=6)]) is None  # a prompt chunk
+    assert step_kind([chunk(1, 0, start=5)]) is None  # a chunk that samples nothing
+    assert step_kind([]) is None

@@ -44,6 +44,7 @@ class BatchRun:
     requests: list[RequestRun]
     wall_s: float
     phases: dict[str, float] | None = None  # seconds per engine step phase (verispec only)
+    kinds: dict[str, list[float]] | None = None  # StepTimes.kinds (verispec only)
 
     @property
     def num_tokens(self) -> int:
@@ -206,7 +207,9 @@ class VerispecEngine:
                 m = out.metrics
                 runs.append(RequestRun(out.token_ids, m.ttft_s or 0.0, list(m.itl_s), m.spec))
         wall = time.perf_counter() - started
-        return BatchRun(runs, wall, dict(self.llm.engine.step_times.seconds))
+        times = self.llm.engine.step_times
+        kinds = {kind: list(v) for kind, v in times.kinds.items()}
+        return BatchRun(runs, wall, dict(times.seconds), kinds)
 
 
 class VerispecFp16Engine(VerispecEngine):

@@ -126,6 +126,10 @@ class PassTimes:
     decode_tokens: int  # output tokens after each request's first
     verify_steps: int  # steps that verified drafts (0 for plain decoding)
     accepted: int  # draft tokens accepted in those steps
+    decode_steps: int = 0  # timed plain decode steps (StepTimes.kinds["decode"])
+    decode_s: float = 0.0  # their draft + target seconds
+    verify_timed: int = 0  # timed steps that verified drafts, every request (kinds["verify"])
+    verify_s: float = 0.0  # their draft + target seconds
 
     @classmethod
     def of(cls, runs: Sequence[BatchRun]) -> PassTimes | None:
@@ -134,27 +138,50 @@ class PassTimes:
         if any(p is None for p in phases):
             return None
         stats = [r.spec for run in runs for r in run.requests]
+        kinds = [run.kinds or {} for run in runs]
+
+        def kind(name: str, i: int) -> float:
+            return sum(k.get(name, [0, 0.0])[i] for k in kinds)
+
         return cls(
             forward_s=sum(p["draft"] + p["target"] for p in phases if p is not None),
             prefill_s=sum(r.ttft_s for run in runs for r in run.requests),
             decode_tokens=sum(max(0, len(r.token_ids) - 1) for run in runs for r in run.requests),
             verify_steps=sum(s.num_verify_steps for s in stats),
             accepted=sum(s.num_accepted_tokens for s in stats),
+            decode_steps=int(kind("decode", 0)), decode_s=kind("decode", 1),
+            verify_timed=int(kind("verify", 0)), verify_s=kind("verify", 1),
         )
+
+
+MIN_TIMED_STEPS = 8
+"""Fewest timed steps of a kind whose mean step_cost_ratio trusts."""
 
 
 def step_cost_ratio(spec: PassTimes, plain: PassTimes) -> float | None:
     """Cost of one speculative step (its draft, then the target forward over the q = drafts + 1
-    rows it verifies) over one plain decode step (a 1-row forward), from phase times with the
-    prompts' forwards (time to first token) taken out. Plain: t1 = (forward_s - prefill_s) /
-    decode_tokens. Spec: steps that verified no draft (decode_tokens - verify_steps - accepted
-    of them, one token each) are charged t1; the rest is spread over verify_steps. None when
-    there is nothing to divide or a time comes out <= 0 (too short a run).
+    rows it verifies) over one plain decode step (a 1-row forward). None when there is nothing
+    to divide or a time comes out <= 0 (too short a run).
 
-    Example: plain 96 decode tokens, 2.0 s with 0.08 s prefill: t1 = 0.02 s; spec 96 decode
-    tokens, 30 verify steps accepting 60 (so 6 steps without drafts), 1.0 s with 0.08 s
-    prefill: (1.0 - 0.08 - 6 * 0.02) / 30 = 0.0267 s a step, ratio 1.33.
+    Where the engine timed steps by kind (StepTimes.kinds): a verify step's mean time over a
+    plain decode step's, both from the speculative pass itself when it has at least
+    MIN_TIMED_STEPS steps without drafts (steps taken minutes apart differ by 10-20% on a
+    shared machine), else the plain pass's. Example: 93 verify steps in 1.063 s, 431 steps
+    without drafts in 3.763 s: 11.43 / 8.73 ms = 1.31.
+
+    Otherwise, from phase totals with the prompts' forwards (time to first token) taken out.
+    Plain: t1 = (forward_s - prefill_s) / decode_tokens. Spec: steps that verified no draft
+    (decode_tokens - verify_steps - accepted of them, one token each) are charged t1; the rest
+    is spread over verify_steps. Example: plain 96 decode tokens, 2.0 s with 0.08 s prefill:
+    t1 = 0.02 s; spec 96 decode tokens, 30 verify steps accepting 60 (so 6 steps without
+    drafts), 1.0 s with 0.08 s prefill: (1.0 - 0.08 - 6 * 0.02) / 30 = 0.0267 s a step, ratio
+    1.33.
     """
+    if spec.verify_timed >= MIN_TIMED_STEPS:
+        own = spec.decode_steps >= MIN_TIMED_STEPS
+        base = spec if own else plain
+        if base.decode_steps >= MIN_TIMED_STEPS and base.decode_s > 0:
+            return (spec.verify_s / spec.verify_timed) / (base.decode_s / base.decode_steps)
     if not plain.decode_tokens or not spec.verify_steps:
         return None
     t1 = (plain.forward_s - plain.prefill_s) / plain.decode_tokens

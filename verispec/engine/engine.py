@@ -12,7 +12,7 @@ from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler
+from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
@@ -189,6 +189,7 @@ class Engine:
         layers = drafter.feature_layers if drafter is not None else ()
         logits, features = self.runner.execute(plan.scheduled, layers)
         clock.lap("target")
+        clock.record(step_kind(plan.scheduled), time.perf_counter() - drafting_started)
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
         if drafter is not None and features is not None:
             self._observe(drafter, plan, verdict, features)

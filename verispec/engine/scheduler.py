@@ -38,6 +38,17 @@ class ScheduledRequest:
         return self.start + len(self.token_ids) == self.request.num_tokens
 
 
+def step_kind(scheduled: Sequence[ScheduledRequest]) -> str | None:
+    """"decode" when every request of a step decodes one token without drafts, "verify" when
+    every one decodes one token and verifies drafts, else None (a prompt chunk, or a mix): the
+    kinds StepTimes.record counts. Example: two requests at one new token each, one with three
+    drafts: None; both with drafts: "verify"; both without: "decode"."""
+    if not scheduled or not all(len(s.token_ids) == 1 and s.samples for s in scheduled):
+        return None
+    drafted = [bool(s.draft_token_ids) for s in scheduled]
+    return "verify" if all(drafted) else None if any(drafted) else "decode"
+
+
 @dataclass(slots=True)
 class Schedule:
     """One step's plan: the chunks to compute, and the requests preempted to make room."""
