@@ -44,8 +44,9 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         packed = cast(torch.Tensor, linear.weight)
         if linear.native_scales is None:  # float16 or float32 (padding aside)
             size = n * packed.element_size() + bias
-        else:  # 8-bit affine codes (padded) + float32 d and m per 32 columns
-            size = packed.numel() + 4 * linear.native_scales.numel() + bias
+        else:  # 8-bit affine codes (padded) + d and m per 32 columns (float32, float16 for a8)
+            scales = linear.native_scales
+            size = packed.numel() + scales.element_size() * scales.numel() + bias
         return WeightBytes(size, size)
     weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias

@@ -168,7 +168,7 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
     order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
-    m of affine codes go into one more. Refuses "a8" for a model none of whose weights are
+    m of affine codes go into one more per dtype. Refuses "a8" for a model none of whose weights are
     8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
@@ -183,10 +183,12 @@ def pack_together(linears: Sequence[Linear]) -> None:
         moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in some])
         for lin, weight in zip(some, moved, strict=True):
             lin.weight = weight
-    coded = [lin for lin in native if lin.native_scales is not None]
-    moved = native_linear.into_arena([cast(torch.Tensor, lin.native_scales) for lin in coded])
-    for lin, scales in zip(coded, moved, strict=True):
-        lin.native_scales = scales
+    for dtype in (torch.float32, torch.float16):  # d and m: float32, or float16 under a8
+        coded = [lin for lin in native
+                 if lin.native_scales is not None and lin.native_scales.dtype == dtype]  # fmt: skip
+        moved = native_linear.into_arena([cast(torch.Tensor, lin.native_scales) for lin in coded])
+        for lin, scales in zip(coded, moved, strict=True):
+            lin.native_scales = scales
 
 
 class Linear:

@@ -306,12 +306,16 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     """AffineCodes -> linear.c's kind 3, whose products round x to 8-bit blocks (quantization
     "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
     W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
-    scales as `pack_codes`. Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
+    scales as `pack_codes` but in float16, which holds every d and m exactly (affine_codes
+    takes them from float16, as GGUF stores them): 1.125 bytes a weight instead of 1.25.
+    Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
     packed, scales = pack_codes(codes)
+    half = scales.half()
+    assert torch.equal(half.float(), scales), "affine codes' d and m are float16 values"
     blocks, chunks = packed.shape[:2]
     unsigned = (packed.to(torch.int16) + 128).to(torch.uint8)  # [B, C, 16, 32]
     grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
-    return grouped.contiguous(), scales
+    return grouped.contiguous(), half
 
 
 def packed_columns(packed: torch.Tensor) -> int:

@@ -395,7 +395,10 @@ AVX2 static void linear_q8_avx2(const float *x, const int8_t *codes, const float
  * bit for bit; rows of x never mix, so the product stays row-invariant.
  * Layout: codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) + 128 (uint8; k < 8, j < 16,
  * e < 4): one 64-byte vector holds 4 columns of the block's 16 rows, as vpdpbusd takes them.
- * Scales as kind 2: scales[b][c][0][j] = d, scales[b][c][1][j] = m. */
+ * Scales as kind 2's but float16 (a GGUF block's d and m are float16 values, so exactly):
+ * scales[b][c][0][j] = d, scales[b][c][1][j] = m. */
+
+#define H16 uint16_t /* float16 bits */
 
 typedef struct {
   int8_t *q;       /* [T][K] */
@@ -460,14 +463,18 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 
+VNNI INLINE __m512 half16(const H16 *h) { /* 16 float16 values, exactly as float32 */
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
 /* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
  * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
  * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
  * least eight chains are in flight (integer sums: the split changes no bit). */
-VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const float *sb,
+VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
-                              const float *next_scales) {
+                              const H16 *next_scales) {
   const int64_t C = K / QC;
   __m512 acc[8];
   _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) acc[i] = _mm512_setzero_ps();
@@ -476,12 +483,11 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const floa
       _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
         _mm_prefetch((const char *)(next + c * R * QC + l), _MM_HINT_T1);
       _mm_prefetch((const char *)(next_scales + c * 2 * R), _MM_HINT_T1);
-      _mm_prefetch((const char *)(next_scales + c * 2 * R + R), _MM_HINT_T1);
     }
     __m512i w[8];
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
       w[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
-    const __m512 d = _mm512_loadu_ps(sb + c * 2 * R), m = _mm512_loadu_ps(sb + c * 2 * R + R);
+    const __m512 d = half16(sb + c * 2 * R), m = half16(sb + c * 2 * R + R);
     _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
       const int64_t tc = (t0 + i) * C + c;
       const int8_t *q = r.q + tc * QC;
@@ -508,14 +514,14 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const floa
 #define A8_TILE(TN) \
   tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales)
 
-VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const float *scales,
+VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const H16 *scales,
                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                 int64_t ldy, int threads) {
   const int64_t blocks = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t *cb = codes + b * R * K;
-    const float *sb = scales + b * 2 * R * (K / QC);
+    const H16 *sb = scales + b * 2 * R * (K / QC);
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
      * 4 + 1): 8 rows stream a block once. With more than one tile the first asks for the
@@ -523,7 +529,7 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
      * compute from cache. */
     const int tiles = (int)(T / 8 + (T % 8 >= 4) + (T % 4 > 0));
     const uint8_t *next = tiles > 1 && b + 1 < blocks ? cb + R * K : NULL;
-    const float *next_scales = sb + 2 * R * (K / QC);
+    const H16 *next_scales = sb + 2 * R * (K / QC);
     int64_t t = 0;
     for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
     if (t + 4 <= T) {
@@ -542,12 +548,12 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
 /* Two blocks (32 weight rows) against rows t0 .. t0 + TN - 1 (TN <= 4): each broadcast of x
  * feeds two vpdpbusd, one a block, each row's two chains 8 deep; per output the very
  * operations of tile_a8_vnni, so the same bits. */
-VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const float *sb,
+VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t t0, const int TN) {
   const int64_t C = K / QC;
   const uint8_t *cb1 = cb + R * K;
-  const float *sb1 = sb + 2 * R * C;
+  const H16 *sb1 = sb + 2 * R * C;
   __m512 acc0[4], acc1[4];
   _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
@@ -568,12 +574,12 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const floa
         s1 = _mm512_dpbusd_epi32(s1, w1[k], xa);
       }
       const __m512 dx = _mm512_set1_ps(r.dx[tc]), mx = _mm512_set1_ps(r.mx[tc]);
-      const __m512 scale0 = _mm512_mul_ps(dx, _mm512_loadu_ps(sb + c * 2 * R));
-      const __m512 scale1 = _mm512_mul_ps(dx, _mm512_loadu_ps(sb1 + c * 2 * R));
+      const __m512 scale0 = _mm512_mul_ps(dx, half16(sb + c * 2 * R));
+      const __m512 scale1 = _mm512_mul_ps(dx, half16(sb1 + c * 2 * R));
       acc0[i] = _mm512_fmadd_ps(scale0, _mm512_cvtepi32_ps(s0), acc0[i]);
-      acc0[i] = _mm512_fmadd_ps(_mm512_loadu_ps(sb + c * 2 * R + R), mx, acc0[i]);
+      acc0[i] = _mm512_fmadd_ps(half16(sb + c * 2 * R + R), mx, acc0[i]);
       acc1[i] = _mm512_fmadd_ps(scale1, _mm512_cvtepi32_ps(s1), acc1[i]);
-      acc1[i] = _mm512_fmadd_ps(_mm512_loadu_ps(sb1 + c * 2 * R + R), mx, acc1[i]);
+      acc1[i] = _mm512_fmadd_ps(half16(sb1 + c * 2 * R + R), mx, acc1[i]);
     }
   }
   const __m512 b0 = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
@@ -588,14 +594,14 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const floa
  * Two blocks streamed together halve the broadcasts of x a product needs; measured against
  * single blocks, a SmolLM2 decode step -6%. Longer steps keep tiles of 8 rows a block (a pair
  * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). */
-VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, const float *scales,
+VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, const H16 *scales,
                                  const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                  int64_t ldy, int threads) {
   const int64_t pairs = N / (2 * R), C = K / QC;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t p = 0; p < pairs; p++) {
     const uint8_t *cb = codes + 2 * p * R * K;
-    const float *sb = scales + 2 * p * 2 * R * C;
+    const H16 *sb = scales + 2 * p * 2 * R * C;
     switch (T) {
       case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 4); break;
       case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 3); break;
@@ -608,13 +614,13 @@ VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, cons
 /* The same sums on any CPU the kernel runs on (AVX2, or AVX-512 without VNNI): the same
  * integers, then the same two fmas per chunk in the same order, so the same bits. */
 AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
-                                    const float *scales, const float *bias, float *y, int64_t T,
+                                    const H16 *scales, const float *bias, float *y, int64_t T,
                                     int64_t N, int64_t K, int64_t ldy, int threads) {
   const int64_t blocks = (N + R - 1) / R, C = K / QC;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t *cb = codes + b * R * K;
-    const float *sb = scales + b * 2 * R * C;
+    const H16 *sb = scales + b * 2 * R * C;
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     for (int64_t t = 0; t < T; t++) {
       float acc[R] = {0};
@@ -627,9 +633,9 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
             for (int e = 0; e < 4; e++)
               sum[j] += (int32_t)cb[c * R * QC + 64 * k + 4 * j + e] * q[4 * k + e];
         for (int j = 0; j < R; j++) {
-          const float scale = r.dx[tc] * sb[c * 2 * R + j];
+          const float scale = r.dx[tc] * _cvtsh_ss(sb[c * 2 * R + j]);
           acc[j] = fmaf(scale, (float)(sum[j] + r.corr[tc]), acc[j]);
-          acc[j] = fmaf(sb[c * 2 * R + R + j], r.mx[tc], acc[j]);
+          acc[j] = fmaf(_cvtsh_ss(sb[c * 2 * R + R + j]), r.mx[tc], acc[j]);
         }
       }
       for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
@@ -650,7 +656,7 @@ static int has_vnni(void) {
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
  * vpdpbusd where isa is 2 and the CPU has AVX-512 VNNI (pairs of blocks for up to 4 rows), else
  * the portable loop. */
-static void linear_a8(int isa, const float *x, const uint8_t *codes, const float *scales,
+static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
                       int threads) {
   const int64_t C = K / QC;
@@ -707,13 +713,14 @@ static void linear_q8(int isa, const float *x, const int8_t *codes, const float 
 
 /* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so
  * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales,
- * 3 = 8-bit codes (kind 3's layout) times x rounded to 8-bit blocks. */
+ * 3 = 8-bit codes (kind 3's layout, float16 scales) times x rounded to 8-bit blocks. */
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
     if (kind == 3)
-      linear_a8(isa, x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
+      linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
+                threads);
     else if (kind == 2)
       linear_q8(isa, x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
     else if (kind == 1)
