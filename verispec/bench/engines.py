@@ -21,10 +21,10 @@ from verispec.drafters.registry import takes_head as registry_takes_head
 from verispec.metrics import SpecStats, StepTimes
 
 HEAD_METHODS = head_method_names()
-PREFIX_CACHING = "verispec on, emptied before each pass"
-"""How the verispec engines cache prompt prefixes (llama.cpp keeps the previous prompt's)."""
 """Registry methods that draft with a head over the target's features: SpecConfig.model is a
 head directory (the bench's --eagle / --medusa), and they may draft trees."""
+PREFIX_CACHING = "verispec on, emptied before each pass"
+"""How the verispec engines cache prompt prefixes (llama.cpp keeps the previous prompt's)."""
 
 
 @dataclass

@@ -660,10 +660,9 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
                       int threads) {
   const int64_t C = K / QC;
-  int8_t *q = malloc((size_t)(T * K));
-  float *f = malloc(sizeof(float) * 2 * T * C);
-  int32_t *corr = malloc(sizeof(int32_t) * T * C);
-  const RoundedRows r = {q, f, f + T * C, corr};
+  /* One buffer for the rounded rows: d_x and mx [2][T][C] float, corr [T][C], then q [T][K]. */
+  float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
+  const RoundedRows r = {(int8_t *)(f + 3 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C)};
   round_rows(isa, x, T, K, r, threads);
   if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
     linear_a8_pairs(r, codes, scales, bias, y, T, N, K, ldy, threads);
@@ -671,9 +670,7 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
     linear_a8_vnni(r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
     linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
-  free(q);
   free(f);
-  free(corr);
 }
 
 /* ------------------------------------------------------------------------ entry points */
