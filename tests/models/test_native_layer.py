@@ -94,6 +94,22 @@ def test_grouped_heads_share_key_loads_and_keep_every_bit(
     assert_rows_are_lone_decode_steps(tmp_path)
 
 
+def test_rows_over_many_key_tiles_keep_every_bit(tmp_path: Path, tokenizer) -> None:
+    """Attention goes over the keys in tiles of 64 shared by a chunk of up to 16 rows: a
+    150-token prefill (10 chunks, 3 tiles) and a verify step after 140 tokens (its 9 rows in
+    two chunks) equal the lone decode steps bit for bit."""
+    make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=192,
+                    num_attention_heads=6, num_key_value_heads=2)  # fmt: skip
+    runner = Runner(load(tmp_path), num_blocks=160)
+    ids = random_ids(150, 320, seed=1)
+    alone = runner.sequence()
+    ref = torch.cat([runner.forward([alone.chunk([t])]) for t in ids])  # [150, vocab]
+    assert torch.equal(runner.forward([runner.sequence().chunk(ids, 150)]), ref)
+    seq = runner.sequence()
+    runner.forward([seq.chunk(ids[:140])])
+    assert torch.equal(runner.forward([seq.chunk(ids[140:149], 9)]), ref[140:149])
+
+
 def assert_rows_are_lone_decode_steps(path: Path) -> None:
     runner = Runner(load(path), num_blocks=128)
     ids = random_ids(33, 320, seed=0)
