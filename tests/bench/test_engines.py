@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from conftest import SPEC_PAIRS
 
-from verispec.bench.engines import MethodSpec, Sampling, VerispecEngine, gaps, takes_draft
+from verispec.bench.engines import (
+    BatchRun,
+    MethodSpec,
+    RequestRun,
+    Sampling,
+    VerispecEngine,
+    gaps,
+    takes_draft,
+)
 from verispec.bench.harness import chain_methods
 from verispec.bench.hf_engine import TransformersEngine, hf_location
 from verispec.drafters.registry import PLAIN
@@ -58,6 +66,17 @@ def test_sampled_runs_are_seeded_and_concurrency_batches(spec_pair) -> None:
 def test_gaps_share_a_step_time() -> None:
     assert gaps([(1.0, 1), (1.5, 3)]) == [0.5, 0.0, 0.0]
     assert gaps([(2.0, 2)]) == [0.0]
+
+
+def test_tpot_leaves_the_first_token_out() -> None:
+    # 4 tokens: first after 0.5 s, then a step of two tokens (0.03, 0) and one of 0.03 s:
+    # 0.06 s over 3 later tokens. A one-token request has no TPOT and is left out of the mean.
+    fast = RequestRun([1, 2, 3, 4], 0.5, [0.03, 0.0, 0.03])
+    slow = RequestRun([1, 2, 3], 0.1, [0.04, 0.04])
+    assert fast.tpot_s == pytest.approx(0.02) and slow.tpot_s == pytest.approx(0.04)
+    assert RequestRun([1], 0.5, []).tpot_s is None
+    run = BatchRun([fast, slow, RequestRun([1], 0.5, [])], wall_s=1.0)
+    assert run.tpot_s == pytest.approx(0.03) and BatchRun([], 1.0).tpot_s is None
 
 
 def test_hf_location_of_a_gguf_file(tmp_path) -> None:

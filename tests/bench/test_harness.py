@@ -23,7 +23,7 @@ ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",
     "ttft_s_median", "ttft_s_p90", "itl_s_median", "itl_s_p90", "acceptance_rate",
     "mean_acceptance_length", "per_position_acceptance_rate", "speedup", "predicted_speedup",
-    "dtype", "threads",
+    "dtype", "threads", "tpot_s_mean", "decode_speedup",
 }  # fmt: skip
 
 
@@ -95,7 +95,8 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     for r in rows:
         assert ROW_FIELDS <= r.keys()
-        assert r["tokens_per_s"] > 0 and r["ttft_s_median"] > 0
+        assert r["tokens_per_s"] > 0 and r["ttft_s_median"] > 0 and r["tpot_s_mean"] > 0
+        assert r["decode_speedup"] > 0 and (r["method"] != PLAIN or r["decode_speedup"] == 1.0)
         if r["engine"] == "verispec":
             shares = r["time_fractions"]
             assert set(shares) == {"draft", "target", "verify", "other"}

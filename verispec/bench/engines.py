@@ -36,6 +36,13 @@ class RequestRun:
     itl_s: list[float]  # gap before each later token (tokens of one step share its time)
     spec: SpecStats = field(default_factory=SpecStats)
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (vLLM's TPOT): the request's time less its
+        TTFT, over its later tokens; None for a request of one token. Speculation changes this
+        and leaves TTFT alone, so this is the decoding speed it is measured by."""
+        return sum(self.itl_s) / len(self.itl_s) if self.itl_s else None
+
 
 @dataclass
 class BatchRun:
@@ -53,6 +60,12 @@ class BatchRun:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean TPOT over the requests of more than one token (None: there are none)."""
+        tpots = [t for t in (r.tpot_s for r in self.requests) if t is not None]
+        return sum(tpots) / len(tpots) if tpots else None
 
     def spec_stats(self) -> SpecStats:
         total = SpecStats()

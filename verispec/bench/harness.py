@@ -222,6 +222,9 @@ def summarise(
     speedup = med(
         a.tokens_per_s / b.tokens_per_s for a, b in zip(m.runs, m.plain_runs, strict=True)
     )
+    tpots = [t for run in m.runs for t in (r.tpot_s for r in run.requests) if t is not None]
+    decode = [b.tpot_s / a.tpot_s for a, b in zip(m.runs, m.plain_runs, strict=True)
+              if a.tpot_s and b.tpot_s]  # fmt: skip
     spec, plain = m.ran, m.ran.method == PLAIN
     tree = spec.tree
     per_position = stats.per_position_acceptance_rate[: tree.depth if tree else None]
@@ -248,10 +251,12 @@ def summarise(
         "ttft_s_p90": float(np.percentile(ttfts, 90)),
         "itl_s_median": med(itls) if itls else None,
         "itl_s_p90": float(np.percentile(itls, 90)) if itls else None,
+        "tpot_s_mean": sum(tpots) / len(tpots) if tpots else None,
         "acceptance_rate": stats.acceptance_rate,
         "mean_acceptance_length": stats.mean_acceptance_length,
         "per_position_acceptance_rate": per_position,
         "speedup": 1.0 if plain else speedup,
+        "decode_speedup": 1.0 if plain else (med(decode) if decode else None),
         **_predicted(m, group, stats.mean_acceptance_length, draft_cost),
         "time_fractions": _time_fractions(m),
     }
