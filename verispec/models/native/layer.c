@@ -405,6 +405,72 @@ FAST static void attend_rows(const float *q, int64_t width, int64_t t0, int64_t 
     attend_rows_n(q, width, t0, t1, 1, kc, vc, v, stride, dim, scale, scores, out, out_stride);
 }
 
+/* group_scores and group_values compiled for each H (as attend_rows). */
+FAST static void scores_of(const float *q, const int H, const float *kc, const int64_t *slots,
+                           int64_t j0, int64_t j1, int64_t n, int64_t stride, int64_t dim,
+                           float scale, float *scores, int64_t ld) {
+  if (H == 3) group_scores(q, 3, kc, slots, j0, j1, n, stride, dim, scale, scores, ld, 1);
+  else if (H == 2) group_scores(q, 2, kc, slots, j0, j1, n, stride, dim, scale, scores, ld, 1);
+  else group_scores(q, 1, kc, slots, j0, j1, n, stride, dim, scale, scores, ld, 1);
+}
+
+FAST static void values_of(const int H, const float *scores, int64_t ld, const float *vc,
+                           const int64_t *slots, int64_t n, int64_t stride, int64_t c,
+                           float *out, int64_t dim) {
+  if (H == 3) group_values(3, scores, ld, vc, slots, 0, n, n, stride, c, out, dim, 1);
+  else if (H == 2) group_values(2, scores, ld, vc, slots, 0, n, n, stride, c, out, dim, 1);
+  else group_values(1, scores, ld, vc, slots, 0, n, n, stride, c, out, dim, 1);
+}
+
+#define SPLIT_ROWS 1 /* steps of at most this many rows take attend_split (see attend) */
+
+/* Attention of a few rows (a decode step) in three passes, each shared out over the threads in
+ * small jobs, so that 2 threads share 3 kv groups evenly: scores by (row, kv group, tile of
+ * KEY_TILE keys), then e^ and the sum by (row, head), then values by (row, kv group, 32
+ * columns). Every score, sum and column is computed as attend_rows computes it, so the bits
+ * are the same (dim a multiple of 32). */
+FAST static void attend_split(const float *qkv, const float *kc, const float *vc,
+                              const Visible *v, float *out, int64_t rows, int64_t heads,
+                              int64_t kv_heads, int64_t dim, float scale, int threads) {
+  const int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
+  const int64_t stride = kv_heads * dim, room = v->room, tiles = (room + KEY_TILE - 1) / KEY_TILE;
+  const int64_t blocks = dim / 32;
+  float *scores = malloc(sizeof(float) * (size_t)(rows * heads * room));
+  float *inv = malloc(sizeof(float) * (size_t)(rows * heads));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t job = 0; job < rows * kv_heads * tiles; job++) {
+      const int64_t t = job / (kv_heads * tiles), g = job / tiles % kv_heads;
+      const int64_t n = v->count[t], j0 = job % tiles * KEY_TILE;
+      if (j0 >= n) continue;
+      for (int64_t h = g * group; h < (g + 1) * group; h += SHARE) {
+        const int H = (int)((g + 1) * group - h < SHARE ? (g + 1) * group - h : SHARE);
+        scores_of(qkv + t * width + h * dim, H, kc + g * dim, v->slots + t * room, j0,
+                  j0 + KEY_TILE < n ? j0 + KEY_TILE : n, n, stride, dim, scale,
+                  scores + (t * heads + h) * room, room);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < rows * heads; job++)
+      inv[job] = 1.0f / exp_scores(scores + job * room, v->count[job / heads]);
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < rows * kv_heads * blocks; job++) {
+      const int64_t t = job / (kv_heads * blocks), g = job / blocks % kv_heads;
+      for (int64_t h = g * group; h < (g + 1) * group; h += SHARE) {
+        const int H = (int)((g + 1) * group - h < SHARE ? (g + 1) * group - h : SHARE);
+        values_of(H, scores + (t * heads + h) * room, room, vc + g * dim, v->slots + t * room,
+                  v->count[t], stride, job % blocks * 32, out + t * heads * dim + h * dim, dim);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < rows * heads; job++)
+      for (int64_t i = 0; i < dim; i++) out[job * dim + i] *= inv[job];
+  }
+  free(inv);
+  free(scores);
+}
+
 /* out [rows, heads * dim] = softmax(q k^T * scale) v for every row and head over its visible
  * keys in the paged cache kc / vc [slots, kv_heads, dim] (grouped-query: head h reads kv head
  * h / (heads / kv_heads)), queries read from qkv [rows, (heads + 2 kv_heads) * dim]; a row's
@@ -414,16 +480,21 @@ FAST static void attend(const float *qkv, const float *kc, const float *vc, cons
                         float scale, int threads) {
   const int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
   const int64_t stride = kv_heads * dim;
-  /* A job per (chunk of consecutive rows, kv group) loads each cached key and value once for
-   * the group's heads and, tile by tile, for the chunk's rows (a verify step's or a prefill's
-   * rows share their context). A decode step of SmolLM2 (3 groups, 2 threads) is 6-9% faster
-   * so than with a job per head, despite the uneven share. With fewer such jobs than threads
-   * a job per (row, head) keeps threads busy. Both give the same bits (attend_rows), so the
-   * choice does not make rows differ. */
+  /* A decode step goes in three passes of small jobs (attend_split: on SmolLM2 with 400-1024
+   * cached tokens 2-4% faster than the jobs below, whose 3 kv groups share 2 threads
+   * unevenly; steps of 2-4 rows were 2-5% slower so). Else a job per (chunk of consecutive
+   * rows, kv group) loads each cached key and value once for the group's heads and, tile by
+   * tile, for the chunk's rows (a verify step's or a prefill's rows share their context);
+   * with fewer such jobs than threads, a job per (row, head) keeps threads busy. All give the
+   * same bits (attend_rows), so the choice does not make rows differ. */
   const int64_t wanted = (2 * threads + kv_heads - 1) / kv_heads;
   int64_t chunks = (rows + MAX_CHUNK - 1) / MAX_CHUNK;
   chunks = wanted > chunks ? wanted : chunks;
   chunks = chunks < rows ? chunks : rows;
+  if (dim % 32 == 0 && rows <= SPLIT_ROWS && threads > 1) {
+    attend_split(qkv, kc, vc, v, out, rows, heads, kv_heads, dim, scale, threads);
+    return;
+  }
   const int shared = dim % 32 == 0 && rows * kv_heads >= threads;
   const int64_t jobs = shared ? chunks * kv_heads : rows * heads;
 #pragma omp parallel num_threads(threads) if (rows * heads >= 4)
