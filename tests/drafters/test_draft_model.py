@@ -18,6 +18,7 @@ from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine import Engine
 from verispec.metrics import SpecStats
 from verispec.models.llama import LlamaModel
+from verispec.models.native_layer import can_step_greedily
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.request import Request, Status
 from verispec.tokenizer import Tokenizer
@@ -141,6 +142,48 @@ def test_kv_caches_match_a_fresh_prefill_after_every_step(spec_pair, case: tuple
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert not engine.proposer.states
     assert engine.proposer.allocator.num_used == 0 and engine.allocator.num_used == 0
+
+
+@LLAMA
+def test_greedy_steps_in_one_call_draft_what_the_loop_drafts(spec_pair, monkeypatch) -> None:
+    """Greedy requests take every draft step after the first in one native call
+    (native_layer.greedy_steps): the drafts of each step, the output and the acceptance are
+    those of the loop of forwards, and the KV cache checks above hold after every step."""
+    target, draft = spec_pair
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    def run(one_call: bool) -> tuple[list, list, int, int]:
+        llm = draft_llm(target, draft, k=5, max_num_seqs=2)
+        proposer = llm.engine.proposer
+        assert can_step_greedily(proposer.model), "the tiny draft runs the native stack"
+        drafted: list[list[list[int]]] = []
+        taken = [0]
+        propose, step_greedily = proposer.propose, proposer._step_greedily
+
+        def spy_propose(requests, num_tokens):
+            drafts = propose(requests, num_tokens)
+            drafted.append(drafts.token_ids)
+            return drafts
+
+        def spy_steps(*args) -> bool:
+            took = step_greedily(*args)
+            taken[0] += took
+            return took
+
+        monkeypatch.setattr(proposer, "propose", spy_propose)
+        monkeypatch.setattr(proposer, "_step_greedily", spy_steps if one_call else
+                            lambda *args: False)  # fmt: skip
+        engine = llm.engine
+        requests = [engine.add_request(p, params) for p in random_prompts(3, seed=4)]
+        while engine.has_unfinished():
+            engine.step()
+            check_caches(engine, requests)
+        ids = [r.output_token_ids for r in requests]
+        return drafted, ids, engine.spec_stats.num_accepted_tokens, taken[0]
+
+    one_call, loop = run(True), run(False)
+    assert one_call[3] > 0, "the one-call path never ran"
+    assert one_call[:3] == loop[:3]
 
 
 # Seeds

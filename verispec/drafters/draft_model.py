@@ -12,8 +12,9 @@ from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_dr
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
+from verispec.models.native_layer import can_step_greedily, greedy_steps
 from verispec.models.paged import PagedModel, append_chunk
-from verispec.request import Request
+from verispec.request import Request, all_greedy
 from verispec.tokenizer import Tokenizer
 
 
@@ -107,6 +108,8 @@ class DraftModelProposer:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
         for step in range(max(ks, default=0)):
+            if step == 1 and self._step_greedily(requests, ks, drafts, probs):
+                break
             active = [i for i, k in enumerate(ks) if k > step]
             logits = self._forward([requests[i] for i in active], [drafts[i] for i in active])
             q, tokens = self._sample(
@@ -121,6 +124,31 @@ class DraftModelProposer:
                 state.base, state.drafts = r.all_token_ids, d[:-1]
         q_rows = stack_draft_probs(drafts, probs, self.target.vocab_size, self.model.device)
         return Drafts(token_ids=drafts, probs=q_rows)
+
+    def _step_greedily(
+        self, requests: Sequence[Request], ks: list[int], drafts: list[list[int]],
+        probs: list[list[torch.Tensor | None]],
+    ) -> bool:  # fmt: skip
+        """After the first draft step: every further step in one native call
+        (native_layer.greedy_steps), when every request is greedy and takes the same k and the
+        model can; the tokens are those the loop of forwards would draw. False: not taken."""
+        if not (all_greedy(requests) and len(set(ks)) == 1 and can_step_greedily(self.model)):
+            return False
+        steps = ks[0] - 1
+        states = [self.states[r.request_id] for r in requests]
+        positions = [s.table.num_tokens for s in states]  # where each last draft goes
+        reserved = [s.table.append_slots(steps) for s in states]
+        tokens = greedy_steps(
+            self.model, self.paged.kv, [d[-1] for d in drafts], positions,
+            [[slots[j] for slots in reserved] for j in range(steps)],
+            [s.table.blocks for s in states], self.paged.block_size,
+            min(self.target.vocab_size, self.model.config.vocab_size),
+        )  # fmt: skip
+        for row in tokens:
+            for i, token in enumerate(row):
+                drafts[i].append(token)
+                probs[i].append(None)
+        return True
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]

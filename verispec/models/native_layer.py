@@ -31,7 +31,7 @@ from verispec.models.native_linear import kind_of, loaded, packed_columns
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
-    from verispec.models.llama import DecoderLayer
+    from verispec.models.llama import DecoderLayer, LlamaModel
 
 
 def supported(layers: Sequence[DecoderLayer], config: ModelConfig, embed: torch.Tensor) -> bool:
@@ -178,3 +178,55 @@ class NativeStack:
             torch.get_num_threads(),
         )  # fmt: skip
         return final, [features[i] for i in feature_layers]
+
+
+def greedy_steps(
+    model: LlamaModel, kv: KVCache, first: Sequence[int], positions: Sequence[int],
+    slots: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], block_size: int, limit: int,
+) -> list[list[int]]:  # fmt: skip
+    """Greedy drafting in one native call (layer.c's verispec_greedy_steps): len(slots) steps
+    of one token per sequence, fed first[i], then each step's argmax over the first `limit`
+    logits, at positions[i] + step and KV slot slots[step][i] (reserved in tables[i], sequence
+    i's block table). Returns the argmaxes [steps][sequences]: the tokens a loop of forwards
+    and argmax_rows would draft, bit for bit the same logits, without Python between steps.
+    Needs can_step_greedily(model)."""
+    stack, head = cast(NativeStack, model.native), model.lm_head
+    kernel, c, num_layers, seqs = loaded(), model.config, len(stack.layers), len(first)
+    steps = len(slots)
+    width = max(len(t) for t in tables)
+    table = torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
+    cu = torch.arange(seqs + 1, dtype=torch.int64)
+    ctx = torch.tensor([p + 1 for p in positions], dtype=torch.int64)  # keys of the first step
+    masks = (ctypes.c_void_p * len(stack.windows))()  # none: causal order
+    keys = _Keys(table.data_ptr(), block_size, width, 0, cu.data_ptr(), ctx.data_ptr(), seqs,
+                 masks, len(stack.windows), 1, int(ctx.max()))  # fmt: skip
+    first_t = torch.tensor(list(first), dtype=torch.int64)
+    positions_t = torch.tensor(list(positions), dtype=torch.int64)
+    slots_t = torch.tensor([list(s) for s in slots], dtype=torch.int64)  # [steps, seqs]
+    out = torch.empty(steps, seqs, dtype=torch.int64)
+    kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
+    kernel.lib.verispec_greedy_steps(
+        kernel.isa, stack.layers, num_layers, kc, vc, model.embed.data_ptr(),
+        ctypes.byref(_linear(head)), limit, stack.final_norm.data_ptr(),
+        (ctypes.c_void_p * num_layers)(), first_t.data_ptr(), positions_t.data_ptr(),
+        stack.inv_freq.data_ptr(), slots_t.data_ptr(), ctypes.byref(keys), ctx.data_ptr(), steps,
+        seqs, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+        c.rms_norm_eps, torch.get_num_threads(), out.data_ptr(),
+    )  # fmt: skip
+    return out.tolist()
+
+
+def can_step_greedily(model: LlamaModel) -> bool:
+    """Whether greedy_steps can run this model: the native stack in eager mode, no sliding
+    window (the steps apply causal order only), and an LM head on the native kernel that takes
+    the final-normed rows as they are (no padded columns, no bias)."""
+    head = model.lm_head
+    return (
+        model.native is not None
+        and model.compiled is None
+        and model.native.windows == [None]
+        and head.kernel == "native"
+        and head.bias is None
+        and _columns(head) == head.in_features == model.config.hidden_size
+        and model.embed.is_contiguous()
+    )

@@ -143,6 +143,9 @@ def _declare_layer_functions(lib: ctypes.CDLL) -> None:
     lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 11, *[i64] * 6,
                                            ctypes.c_float, ctypes.c_int]  # fmt: skip
     lib.verispec_decoder_stack.restype = None
+    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 8,
+                                          *[i64] * 7, ctypes.c_float, ctypes.c_int, p]  # fmt: skip
+    lib.verispec_greedy_steps.restype = None
 
 
 def _padded(n: int) -> int:

@@ -626,3 +626,55 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
   free(delta);
   free(normed);
 }
+
+/* Greedy drafting in one call: `steps` forwards of one new token per sequence, each token the
+ * previous forward's argmax over the first `limit` logits (its first largest value, a NaN
+ * counting as largest, as numpy's argmax). first [seqs]: the tokens the first forward feeds;
+ * sequence i's token of step s sits at position positions[i] + s and KV slot
+ * slots[s * seqs + i]; keys (no masks; tables holding every slot's block) describe the first
+ * step, and ctx, the array keys->ctx points at, grows by one a step with keys->max_ctx. out
+ * [steps, seqs] receives the argmaxes. A step is verispec_decoder_stack and the head's product
+ * on the rows it returns, as a forward from Python computes them, so the tokens are those of a
+ * Python loop of forwards (native_layer.NativeStack.greedy_steps); without its Python between
+ * steps, which costs about a third of a small draft model's step. */
+void verispec_greedy_steps(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
+                           float *const *vc, const float *embed, const Linear *head,
+                           int64_t limit, const float *final_norm, float *const *captured,
+                           const int64_t *first, const int64_t *positions, const float *inv_freq,
+                           const int64_t *slots, Keys *keys, int64_t *ctx, int64_t steps,
+                           int64_t seqs, int64_t hidden, int64_t heads, int64_t kv_heads,
+                           int64_t dim, int64_t inter, float eps, int threads, int64_t *out) {
+  float *x = malloc(sizeof(float) * (size_t)(seqs * hidden));
+  float *normed = malloc(sizeof(float) * (size_t)(seqs * hidden));
+  float *logits = malloc(sizeof(float) * (size_t)(seqs * head->out));
+  int64_t *pos = malloc(sizeof(int64_t) * (size_t)seqs);
+  for (int64_t s = 0; s < steps; s++) {
+    for (int64_t i = 0; i < seqs; i++) {
+      const int64_t token = s ? out[(s - 1) * seqs + i] : first[i];
+      for (int64_t c = 0; c < hidden; c++) x[i * hidden + c] = embed[token * hidden + c];
+      pos[i] = positions[i] + s;
+    }
+    verispec_decoder_stack(isa, layers, num_layers, kc, vc, x, NULL, final_norm, normed,
+                           captured, pos, inv_freq, slots + s * seqs, keys, seqs, hidden, heads,
+                           kv_heads, dim, inter, eps, threads);
+    linear(isa, head, normed, logits, seqs, threads);
+    for (int64_t i = 0; i < seqs; i++) {
+      const float *row = logits + i * head->out;
+      int64_t best = 0;
+      for (int64_t j = 0; j < limit; j++) {
+        if (isnan(row[j])) {
+          best = j;
+          break;
+        }
+        if (row[j] > row[best]) best = j;
+      }
+      out[s * seqs + i] = best;
+      ctx[i] += 1;
+    }
+    keys->max_ctx += 1;
+  }
+  free(pos);
+  free(logits);
+  free(normed);
+  free(x);
+}
