@@ -20,12 +20,20 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.floor import GIB, FloorRow, interleaved_decode_ms, measure, read_bandwidth
+from verispec.bench.floor import (
+    GIB,
+    FloorRow,
+    interleaved_decode_ms,
+    interleaved_greedy_step_ms,
+    measure,
+    read_bandwidth,
+)
 from verispec.bench.main import print_settings, run_facts
 from verispec.models.default import embedded_model_path
 from verispec.models.hub import pull
 from verispec.models.linear import BACKENDS
 from verispec.models.loader import load_model
+from verispec.models.native_layer import can_step_greedily
 
 MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),
@@ -36,6 +44,7 @@ MODELS = {  # label -> (path getter, quantization)
     "embedded-draft-q8_0": (lambda: embedded_model_path("draft"), "q8_0"),  # lossy: a draft may be
 }
 QS = (1, 2, 4, 8, 16)
+GREEDY_STEPS = 3  # a chain of k = 4 drafts: its first step, then 3 in one call
 
 
 def parse_args() -> argparse.Namespace:
@@ -126,6 +135,15 @@ def print_draft_cost(labels: list[str], repeats: int) -> None:
     print(f"\ndraft cost ratio c (eager, {repeats} interleaved decode steps each):")
     for label in drafts:
         print(f"  {label}: c = {ms[label]:.2f} / {target:.2f} ms = {ms[label] / target:.2f}")
+    print(f"\nc of a greedy draft step after a chain's first ({GREEDY_STEPS} steps in one native "
+          f"call, as the draft-model proposer takes them; {repeats} rounds, interleaved):")
+    for label in drafts:
+        if not can_step_greedily(models[label]):
+            print(f"  {label}: - (the model cannot take greedy steps in one call)")
+            continue
+        t_ms, d_ms = interleaved_greedy_step_ms(models["embedded-target"], models[label],
+                                                GREEDY_STEPS, repeats)  # fmt: skip
+        print(f"  {label}: c = {d_ms:.2f} / {t_ms:.2f} ms = {d_ms / t_ms:.2f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from verispec.bench.floor import (
     FloorRow,
     WeightBytes,
     interleaved_decode_ms,
+    interleaved_greedy_step_ms,
     linear_bytes,
     read_bandwidth,
 )
@@ -57,3 +58,9 @@ def test_interleaved_steps_time_every_model(
     target, draft = (load_model(p, torch.float32, torch.device("cpu")) for p in spec_pair)
     ms = interleaved_decode_ms({"target": target, "draft": draft}, repeats=3, context=20)
     assert set(ms) == {"target", "draft"} and all(v > 0 for v in ms.values())
+
+
+def test_interleaved_greedy_steps_time_both_models(spec_pair: tuple[Path, Path]) -> None:
+    target, draft = (load_model(p, torch.float32, torch.device("cpu")) for p in spec_pair)
+    t_ms, d_ms = interleaved_greedy_step_ms(target, draft, steps=3, repeats=3, context=20)
+    assert t_ms > 0 and d_ms > 0

@@ -14,7 +14,9 @@ from conftest import make_checkpoint
 
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
+from verispec.models.native_layer import can_step_greedily, greedy_steps
 from verispec.models.native_linear import NativeKernel, native_kernel
+from verispec.sample.sampler import argmax_rows
 
 from .harness import Runner, assert_runs_match, random_ids
 
@@ -108,6 +110,40 @@ def test_rows_over_many_key_tiles_keep_every_bit(tmp_path: Path, tokenizer) -> N
     seq = runner.sequence()
     runner.forward([seq.chunk(ids[:140])])
     assert torch.equal(runner.forward([seq.chunk(ids[140:149], 9)]), ref[140:149])
+
+
+def test_greedy_steps_are_a_loop_of_forwards_and_argmaxes(tmp_path: Path, tokenizer) -> None:
+    """greedy_steps (one native call) drafts what forwards of one token per sequence and
+    argmax_rows over the first `limit` logits draft, for two sequences of different lengths,
+    and leaves the same keys and values in the cache."""
+    make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=192,
+                    num_attention_heads=6, num_key_value_heads=2)  # fmt: skip
+    model, steps, limit = load(tmp_path), 6, 250
+    assert can_step_greedily(model)
+    prompts = [random_ids(9, 320, seed=2), random_ids(21, 320, seed=3)]
+    loop, call = Runner(model), Runner(model)
+    seqs = {}
+    for runner in (loop, call):  # the same prefill in both caches
+        seqs[runner] = [runner.sequence() for _ in prompts]
+        runner.forward([q.chunk(p) for q, p in zip(seqs[runner], prompts, strict=True)])
+    tokens, want = [p[-1] for p in prompts], []  # fed again at the next position, as a draft
+    for _ in range(steps):
+        logits = loop.forward([q.chunk([t]) for q, t in zip(seqs[loop], tokens, strict=True)])
+        tokens = argmax_rows(logits[:, :limit]).tolist()
+        want.append(tokens)
+    tables = [q.table for q in seqs[call]]
+    positions = [t.num_tokens for t in tables]
+    reserved = [t.append_slots(steps) for t in tables]
+    got = greedy_steps(model, call.kv, [p[-1] for p in prompts], positions,
+                       [[r[j] for r in reserved] for j in range(steps)],
+                       [t.blocks for t in tables], call.block_size, limit)  # fmt: skip
+    assert got == want
+    for q_loop, q_call in zip(seqs[loop], seqs[call], strict=True):
+        n = q_loop.table.num_tokens
+        assert q_call.table.num_tokens == n
+        have = call.kv.read(torch.tensor(q_call.table.slots(0, n)))
+        expected = loop.kv.read(torch.tensor(q_loop.table.slots(0, n)))
+        assert all(torch.equal(a, b) for a, b in zip(have, expected, strict=True))
 
 
 def assert_rows_are_lone_decode_steps(path: Path) -> None:

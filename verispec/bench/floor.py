@@ -128,3 +128,42 @@ def interleaved_decode_ms(
     cost ratio c) then compares steps taken under the same machine conditions, which separate
     runs on a busy machine do not (their ratio moved by 40% between runs here)."""
     return {name: ms for (name, _), ms in step_ms(models, (1,), context, repeats).items()}
+
+
+def interleaved_greedy_step_ms(
+    target: LlamaModel, draft: LlamaModel, steps: int, repeats: int, context: int = 256
+) -> tuple[float, float]:
+    """(median ms of one target decode step, median ms of one draft step within a greedy run of
+    `steps` steps in one native call, as the draft-model proposer takes every step after a
+    chain's first), each on a warm `context`-token cache, the two taking turns as in
+    interleaved_decode_ms. Needs native_layer.can_step_greedily(draft)."""
+    from verispec.models.native_layer import greedy_steps
+    from verispec.models.paged import PagedModel, append_chunk
+
+    block_size = 16
+    blocks = (context + steps) // block_size + 2
+    t_paged, d_paged = PagedModel(target, blocks, block_size), PagedModel(draft, blocks, block_size)
+    t_table, d_table = t_paged.new_table(), d_paged.new_table()
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    ids = torch.randint(3, vocab, (context + 1,), generator=torch.Generator().manual_seed(0))
+    ids_list = ids.tolist()
+    t_ms: list[float] = []
+    d_ms: list[float] = []
+    with torch.inference_mode():
+        t_paged.forward([append_chunk(t_table, ids_list[:context])])
+        d_paged.forward([append_chunk(d_table, ids_list[:context])])
+        for round_ in range(repeats + 1):  # round 0 warms up
+            started = time.perf_counter()
+            t_paged.forward([append_chunk(t_table, ids_list[context:])])
+            elapsed = time.perf_counter() - started
+            t_table.truncate(context)
+            slots = d_table.append_slots(steps)
+            started = time.perf_counter()
+            greedy_steps(draft, d_paged.kv, [ids_list[context]], [context],
+                         [[s] for s in slots], [d_table.blocks], block_size, vocab)  # fmt: skip
+            per_step = (time.perf_counter() - started) / steps
+            d_table.truncate(context)
+            if round_:
+                t_ms.append(1e3 * elapsed)
+                d_ms.append(1e3 * per_step)
+    return statistics.median(t_ms), statistics.median(d_ms)
