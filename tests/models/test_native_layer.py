@@ -12,13 +12,14 @@ import pytest
 import torch
 from conftest import make_checkpoint
 
+from verispec.models import native_layer
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
-from verispec.models.native_layer import can_step_greedily, greedy_steps
+from verispec.models.native_layer import can_fold_head, can_step_greedily, greedy_steps
 from verispec.models.native_linear import NativeKernel, native_kernel
 from verispec.sample.sampler import argmax_rows
 
-from .harness import Runner, assert_runs_match, random_ids
+from .harness import Runner, assert_runs_match, random_ids, run_shapes
 
 pytestmark = pytest.mark.skipif(
     not isinstance(native_kernel(), NativeKernel), reason="the native kernel cannot run here"
@@ -110,6 +111,19 @@ def test_rows_over_many_key_tiles_keep_every_bit(tmp_path: Path, tokenizer) -> N
     seq = runner.sequence()
     runner.forward([seq.chunk(ids[:140])])
     assert torch.equal(runner.forward([seq.chunk(ids[140:149], 9)]), ref[140:149])
+
+
+def test_the_head_in_the_stack_call_gives_the_same_logits(
+    family_path: Path, monkeypatch
+) -> None:
+    """The LM head run inside the stack's native call (NativeStack.logits) gives the logits
+    of the head called apart on the final-normed rows, bit for bit, for every shape."""
+    model = load(family_path)
+    assert can_fold_head(model)
+    folded = run_shapes(Runner(model), model.config.vocab_size)
+    monkeypatch.setattr(native_layer, "can_fold_head", lambda model: False)
+    apart = run_shapes(Runner(model), model.config.vocab_size)
+    assert all(torch.equal(a, b) for a, b in zip(folded, apart, strict=True))
 
 
 def test_greedy_steps_are_a_loop_of_forwards_and_argmaxes(tmp_path: Path, tokenizer) -> None:

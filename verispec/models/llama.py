@@ -96,6 +96,9 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Write the new tokens' keys/values into kv and return logits [L, vocab] float32
         for the rows in batch.logits_indices."""
+        if self.native is not None and native_layer.can_fold_head(self):
+            x = self.embed.index_select(0, batch.input_ids)  # [T, hidden]
+            return self.native.logits(batch, kv, x, self.lm_head)
         hidden, _ = self.hidden_states(batch, kv)  # [T, hidden]
         return self.logits(hidden.index_select(0, batch.logits_indices))
 

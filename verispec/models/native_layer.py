@@ -154,6 +154,20 @@ class NativeStack:
         the final-normed stream [T, hidden] and the stream entering each layer in
         feature_layers (index num_layers: after the last). first_input: layer 0's normed input
         as given (layer.c's verispec_decoder_stack says when)."""
+        final, features, _ = self._stack(batch, kv, x, feature_layers, first_input)
+        return final, features
+
+    def logits(
+        self, batch: ForwardBatch, kv: KVCache, x: torch.Tensor, head: Linear
+    ) -> torch.Tensor:  # fmt: skip
+        """As run, then the LM head (can_fold_head) on the rows batch.logits_indices in the
+        same native call: logits [L, vocab], bit for bit head(final rows)."""
+        return cast(torch.Tensor, self._stack(batch, kv, x, (), None, head)[2])
+
+    def _stack(
+        self, batch: ForwardBatch, kv: KVCache, x: torch.Tensor, feature_layers: Sequence[int],
+        first_input: torch.Tensor | None, head: Linear | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:  # fmt: skip
         kernel, c, num_layers = loaded(), self.config, len(self.layers)
         plan = KeyPlan.build(batch, set(self.windows))
         rows, hidden = x.shape
@@ -170,14 +184,18 @@ class NativeStack:
                      len(self.windows), plan.max_q, plan.max_ctx)  # fmt: skip
         kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
         slots, positions = batch.slot_mapping.contiguous(), batch.positions.contiguous()
+        logits, picks, linear = None, batch.logits_indices.contiguous(), None
+        if head is not None:
+            logits = torch.empty(len(picks), head.out_features, dtype=torch.float32)  # [L, V]
+            linear = ctypes.byref(_linear(head))
         kernel.lib.verispec_decoder_stack(
             kernel.isa, self.layers, num_layers, kc, vc, x.data_ptr(), _ptr(first_input),
             self.final_norm.data_ptr(), final.data_ptr(), captured, positions.data_ptr(),
             self.inv_freq.data_ptr(), slots.data_ptr(), ctypes.byref(keys), rows, hidden,
             c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-            torch.get_num_threads(),
+            torch.get_num_threads(), linear, picks.data_ptr(), len(picks), _ptr(logits),
         )  # fmt: skip
-        return final, [features[i] for i in feature_layers]
+        return final, [features[i] for i in feature_layers], logits
 
 
 def greedy_steps(
@@ -216,17 +234,24 @@ def greedy_steps(
     return out.tolist()
 
 
-def can_step_greedily(model: LlamaModel) -> bool:
-    """Whether greedy_steps can run this model: the native stack in eager mode, no sliding
-    window (the steps apply causal order only), and an LM head on the native kernel that takes
-    the final-normed rows as they are (no padded columns, no bias)."""
+def can_fold_head(model: LlamaModel) -> bool:
+    """Whether the native stack can run the LM head in its own call (NativeStack.logits):
+    eager, the head on the native kernel taking the final-normed rows as they are (no padded
+    columns)."""
     head = model.lm_head
     return (
         model.native is not None
         and model.compiled is None
-        and model.native.windows == [None]
         and head.kernel == "native"
-        and head.bias is None
         and _columns(head) == head.in_features == model.config.hidden_size
+    )
+
+
+def can_step_greedily(model: LlamaModel) -> bool:
+    """Whether greedy_steps can run this model: the head folds in (can_fold_head), no
+    sliding window (the steps apply causal order only), a contiguous embedding table."""
+    return (
+        can_fold_head(model)
+        and cast(NativeStack, model.native).windows == [None]
         and model.embed.is_contiguous()
     )

@@ -141,7 +141,8 @@ def _declare_layer_functions(lib: ctypes.CDLL) -> None:
     """Argument types of layer.c's entry point (see native_layer.py)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 11, *[i64] * 6,
-                                           ctypes.c_float, ctypes.c_int]  # fmt: skip
+                                           ctypes.c_float, ctypes.c_int, p, p, i64,
+                                           p]  # fmt: skip
     lib.verispec_decoder_stack.restype = None
     lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 8,
                                           *[i64] * 7, ctypes.c_float, ctypes.c_int, p]  # fmt: skip
