@@ -19,6 +19,8 @@ import torch
 from verispec.bench.verify_cost import step_ms, verify_cost_curve
 from verispec.models.linear import Linear, exactly_fp16
 from verispec.models.llama import LlamaModel
+from verispec.models.native_layer import greedy_steps
+from verispec.models.paged import PagedModel, append_chunk
 
 GIB = 2**30
 
@@ -137,16 +139,13 @@ def interleaved_greedy_step_ms(
     `steps` steps in one native call, as the draft-model proposer takes every step after a
     chain's first), each on a warm `context`-token cache, the two taking turns as in
     interleaved_decode_ms. Needs native_layer.can_step_greedily(draft)."""
-    from verispec.models.native_layer import greedy_steps
-    from verispec.models.paged import PagedModel, append_chunk
-
     block_size = 16
     blocks = (context + steps) // block_size + 2
     t_paged, d_paged = PagedModel(target, blocks, block_size), PagedModel(draft, blocks, block_size)
     t_table, d_table = t_paged.new_table(), d_paged.new_table()
     vocab = min(target.config.vocab_size, draft.config.vocab_size)
-    ids = torch.randint(3, vocab, (context + 1,), generator=torch.Generator().manual_seed(0))
-    ids_list = ids.tolist()
+    gen = torch.Generator().manual_seed(0)
+    ids_list = torch.randint(3, vocab, (context + 1,), generator=gen).tolist()
     t_ms: list[float] = []
     d_ms: list[float] = []
     with torch.inference_mode():

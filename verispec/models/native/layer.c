@@ -255,8 +255,8 @@ FAST INLINE void group_scores(const float *q, const int H, const float *kc, cons
                               float scale, float *scores, int64_t ld, int ahead) {
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t j = j0; j < j1; j += 4) {
-    if (ahead)
-      for (int64_t f = j + AHEAD; f < j + AHEAD + 4 && f < n; f++) fetch(kc + slots[f] * stride, dim);
+    for (int64_t f = j + AHEAD; ahead && f < j + AHEAD + 4 && f < n; f++)
+      fetch(kc + slots[f] * stride, dim);
     const float *k[4];
     for (int u = 0; u < 4; u++) k[u] = kc + slots[j + u < n ? j + u : n - 1] * stride;
     __m256 a[SHARE][4];
@@ -487,14 +487,14 @@ FAST static void attend(const float *qkv, const float *kc, const float *vc, cons
    * tile, for the chunk's rows (a verify step's or a prefill's rows share their context);
    * with fewer such jobs than threads, a job per (row, head) keeps threads busy. All give the
    * same bits (attend_rows), so the choice does not make rows differ. */
-  const int64_t wanted = (2 * threads + kv_heads - 1) / kv_heads;
-  int64_t chunks = (rows + MAX_CHUNK - 1) / MAX_CHUNK;
-  chunks = wanted > chunks ? wanted : chunks;
-  chunks = chunks < rows ? chunks : rows;
   if (dim % 32 == 0 && rows <= SPLIT_ROWS && threads > 1) {
     attend_split(qkv, kc, vc, v, out, rows, heads, kv_heads, dim, scale, threads);
     return;
   }
+  const int64_t wanted = (2 * threads + kv_heads - 1) / kv_heads;
+  int64_t chunks = (rows + MAX_CHUNK - 1) / MAX_CHUNK;
+  chunks = wanted > chunks ? wanted : chunks;
+  chunks = chunks < rows ? chunks : rows;
   const int shared = dim % 32 == 0 && rows * kv_heads >= threads;
   const int64_t jobs = shared ? chunks * kv_heads : rows * heads;
 #pragma omp parallel num_threads(threads) if (rows * heads >= 4)
@@ -644,8 +644,8 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
  * step, and ctx, the array keys->ctx points at, grows by one a step with keys->max_ctx. out
  * [steps, seqs] receives the argmaxes. A step is verispec_decoder_stack and the head's product
  * on the rows it returns, as a forward from Python computes them, so the tokens are those of a
- * Python loop of forwards (native_layer.NativeStack.greedy_steps); without its Python between
- * steps, which costs about a third of a small draft model's step. */
+ * Python loop of forwards (native_layer.greedy_steps), without the Python between steps, which
+ * costs about a third of a small draft model's step. */
 void verispec_greedy_steps(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
                            float *const *vc, const float *embed, const Linear *head,
                            int64_t limit, const float *final_norm, float *const *captured,
@@ -656,7 +656,8 @@ void verispec_greedy_steps(int isa, const Layer *layers, int64_t num_layers, flo
   float *x = malloc(sizeof(float) * (size_t)(seqs * hidden));
   float *normed = malloc(sizeof(float) * (size_t)(seqs * hidden));
   float *logits = malloc(sizeof(float) * (size_t)(seqs * head->out));
-  int64_t *pos = malloc(sizeof(int64_t) * (size_t)seqs), *rows = malloc(sizeof(int64_t) * (size_t)seqs);
+  int64_t *pos = malloc(sizeof(int64_t) * (size_t)seqs);
+  int64_t *rows = malloc(sizeof(int64_t) * (size_t)seqs);
   for (int64_t i = 0; i < seqs; i++) rows[i] = i;
   for (int64_t s = 0; s < steps; s++) {
     for (int64_t i = 0; i < seqs; i++) {
