@@ -89,8 +89,9 @@ def test_rows_are_bitwise_lone_decode_steps(family_path: Path) -> None:
 def test_grouped_heads_share_key_loads_and_keep_every_bit(
     tmp_path: Path, tokenizer, hidden: int, heads: int, kv_heads: int
 ) -> None:
-    """Attention jobs of a whole kv group (many rows) and of one head (a decode step) give the
-    same bits, so a verify or prefill row is still its lone decode step."""
+    """Attention jobs of a whole kv group (chunks of rows) and a decode step's (three passes of
+    small jobs, or a job per head on one thread) give the same bits, so a verify or prefill row
+    is still its lone decode step."""
     make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=hidden,
                     num_attention_heads=heads, num_key_value_heads=kv_heads)  # fmt: skip
     assert_same_run(tmp_path)

@@ -168,8 +168,8 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
     order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
-    m of affine codes go into one more per dtype. Refuses "a8" for a model none of whose weights are
-    8-bit codes (every product would then ignore it)."""
+    m of affine codes go into one more per dtype. Refuses "a8" for a model none of whose
+    weights are 8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
     if rounded and not any(cast(torch.Tensor, lin.weight).dtype == torch.uint8 for lin in native):

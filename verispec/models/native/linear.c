@@ -472,6 +472,13 @@ VNNI INLINE __m512 half16(const H16 *h) { /* 16 float16 values, exactly as float
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
 }
 
+/* acc plus one chunk of 16 outputs: the chunk's integer sum scaled by d_x d, then the affine
+ * term m mx. Every a8 tile adds its chunks by this, so their outputs are the same bits. */
+VNNI INLINE __m512 add_chunk(__m512 acc, __m512i sum, float dx, float mx, __m512 d, __m512 m) {
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sum), acc);
+  return _mm512_fmadd_ps(m, _mm512_set1_ps(mx), acc);
+}
+
 /* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
  * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
  * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
@@ -503,10 +510,7 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 
         if (TN > 4 || k % 2 == 0) even = _mm512_dpbusd_epi32(even, w[k], _mm512_set1_epi32(a));
         else odd = _mm512_dpbusd_epi32(odd, w[k], _mm512_set1_epi32(a));
       }
-      const __m512i sum = _mm512_add_epi32(even, odd);
-      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(r.dx[tc]), d);
-      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), acc[i]);
-      acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(r.mx[tc]), acc[i]);
+      acc[i] = add_chunk(acc[i], _mm512_add_epi32(even, odd), r.dx[tc], r.mx[tc], d, m);
     }
   }
   const __mmask16 live = (__mmask16)((1u << rows) - 1);
@@ -552,7 +556,7 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
 
 /* Two blocks (32 weight rows) against rows t0 .. t0 + TN - 1 (TN <= 4): each broadcast of x
  * feeds two vpdpbusd, one a block, each row's two chains 8 deep; per output the very
- * operations of tile_a8_vnni, so the same bits. */
+ * operations of tile_a8_vnni (integer sums, then add_chunk), so the same bits. */
 VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t t0, const int TN) {
@@ -578,13 +582,10 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
         s0 = _mm512_dpbusd_epi32(s0, w0[k], xa);
         s1 = _mm512_dpbusd_epi32(s1, w1[k], xa);
       }
-      const __m512 dx = _mm512_set1_ps(r.dx[tc]), mx = _mm512_set1_ps(r.mx[tc]);
-      const __m512 scale0 = _mm512_mul_ps(dx, half16(sb + c * 2 * R));
-      const __m512 scale1 = _mm512_mul_ps(dx, half16(sb1 + c * 2 * R));
-      acc0[i] = _mm512_fmadd_ps(scale0, _mm512_cvtepi32_ps(s0), acc0[i]);
-      acc0[i] = _mm512_fmadd_ps(half16(sb + c * 2 * R + R), mx, acc0[i]);
-      acc1[i] = _mm512_fmadd_ps(scale1, _mm512_cvtepi32_ps(s1), acc1[i]);
-      acc1[i] = _mm512_fmadd_ps(half16(sb1 + c * 2 * R + R), mx, acc1[i]);
+      acc0[i] = add_chunk(acc0[i], s0, r.dx[tc], r.mx[tc], half16(sb + c * 2 * R),
+                          half16(sb + c * 2 * R + R));
+      acc1[i] = add_chunk(acc1[i], s1, r.dx[tc], r.mx[tc], half16(sb1 + c * 2 * R),
+                          half16(sb1 + c * 2 * R + R));
     }
   }
   const __m512 b0 = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
