@@ -405,11 +405,18 @@ AVX2 static void linear_q8_avx2(const float *x, const int8_t *codes, const float
 
 #define H16 uint16_t /* float16 bits */
 
+/* Chunk-major, so that one tile's rows of a chunk lie side by side and a tile addresses them all
+ * from one pointer (row-major, each row took a register of its own and the 8-row tile spilled
+ * its pointers: 11% slower from cache). Chunk c of row t is entry c T + t. */
 typedef struct {
-  int8_t *q;       /* [T][K] */
-  float *dx, *mx;  /* [T][K / 32] */
-  int32_t *corr;   /* [T][K / 32]: -128 * the sum of the chunk's q, where its sum starts */
+  int8_t *q;       /* [K / 32][T][32] */
+  float *dx, *mx;  /* [K / 32][T] */
+  int32_t *corr;   /* [K / 32][T]: -128 * the sum of the chunk's q, where its sum starts */
+  int64_t T, C;    /* rows, chunks per row */
 } RoundedRows;
+
+/* Where chunk c of row t sits in r's arrays. */
+INLINE int64_t at(const RoundedRows r, int64_t t, int64_t c) { return c * r.T + t; }
 
 /* Row t's chunk c of x rounded as above (q, d_x, mx and the sum's correction). */
 static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, int32_t *corr) {
@@ -449,8 +456,10 @@ AVX512 INLINE void round_chunk_avx512(const float *x, int8_t *q, float *dx, floa
 
 AVX512 static void round_rows_avx512(const float *x, int64_t n, RoundedRows r, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; i++)
-    round_chunk_avx512(x + i * QC, r.q + i * QC, r.dx + i, r.mx + i, r.corr + i);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t e = at(r, i / r.C, i % r.C);
+    round_chunk_avx512(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e);
+  }
 }
 
 /* x [T, K] rounded chunk by chunk (on one thread below 512 chunks: not worth a wake-up). */
@@ -463,7 +472,10 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
     return;
   }
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; i++) round_chunk(x + i * QC, r.q + i * QC, r.dx + i, r.mx + i, r.corr + i);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t e = at(r, i / r.C, i % r.C);
+    round_chunk(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e);
+  }
 }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
@@ -500,18 +512,23 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
       w[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
     const __m512 d = half16(sb + c * 2 * R), m = half16(sb + c * 2 * R + R);
+    const int64_t tc = at(r, t0, c); /* the tile's rows of chunk c: tc, tc + 1, ... */
+    __m512i even[8], odd[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
-      const int64_t tc = (t0 + i) * C + c;
-      const int8_t *q = r.q + tc * QC;
-      __m512i even = _mm512_set1_epi32(r.corr[tc]), odd = _mm512_setzero_si512();
-      _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        int32_t a;
-        __builtin_memcpy(&a, q + 4 * k, 4);
-        if (TN > 4 || k % 2 == 0) even = _mm512_dpbusd_epi32(even, w[k], _mm512_set1_epi32(a));
-        else odd = _mm512_dpbusd_epi32(odd, w[k], _mm512_set1_epi32(a));
-      }
-      acc[i] = add_chunk(acc[i], _mm512_add_epi32(even, odd), r.dx[tc], r.mx[tc], d, m);
+      even[i] = _mm512_set1_epi32(r.corr[tc + i]);
+      odd[i] = _mm512_setzero_si512();
     }
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) /* the rows' chains side by side */
+      _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
+        int32_t a;
+        __builtin_memcpy(&a, r.q + (tc + i) * QC + 4 * k, 4);
+        const __m512i xa = _mm512_set1_epi32(a);
+        if (TN > 4 || k % 2 == 0) even[i] = _mm512_dpbusd_epi32(even[i], w[k], xa);
+        else odd[i] = _mm512_dpbusd_epi32(odd[i], w[k], xa);
+      }
+    _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++)
+      acc[i] = add_chunk(acc[i], _mm512_add_epi32(even[i], odd[i]), r.dx[tc + i], r.mx[tc + i],
+                         d, m);
   }
   const __mmask16 live = (__mmask16)((1u << rows) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + n0) : _mm512_setzero_ps();
@@ -533,11 +550,11 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
     const H16 *sb = scales + b * 2 * R * (K / QC);
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
-     * 4 + 1): 8 rows stream a block once. With more than one tile the first asks for the
-     * next block (schedule(static) gives a thread consecutive blocks) while the others
-     * compute from cache. */
-    const int tiles = (int)(T / 8 + (T % 8 >= 4) + (T % 4 > 0));
-    const uint8_t *next = tiles > 1 && b + 1 < blocks ? cb + R * K : NULL;
+     * 4 + 1): 8 rows stream a block once. The first tile asks for the next block
+     * (schedule(static) gives a thread consecutive blocks) while it and the others compute:
+     * from 5 rows up the products take about as long as the stream, and without the
+     * prefetch an 8-row product over SmolLM2's layers ran 12% longer. */
+    const uint8_t *next = b + 1 < blocks ? cb + R * K : NULL;
     const H16 *next_scales = sb + 2 * R * (K / QC);
     int64_t t = 0;
     for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
@@ -556,23 +573,31 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
 
 /* Two blocks (32 weight rows) against rows t0 .. t0 + TN - 1 (TN <= 4): each broadcast of x
  * feeds two vpdpbusd, one a block, each row's two chains 8 deep; per output the very
- * operations of tile_a8_vnni (integer sums, then add_chunk), so the same bits. */
+ * operations of tile_a8_vnni (integer sums, then add_chunk), so the same bits. next, when not
+ * NULL, is the next pair, whose chunk c is asked for into L2 while chunk c computes. */
 VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
-                              int64_t t0, const int TN) {
+                              int64_t t0, const int TN, const uint8_t *next,
+                              const H16 *next_scales) {
   const int64_t C = K / QC;
   const uint8_t *cb1 = cb + R * K;
   const H16 *sb1 = sb + 2 * R * C;
   __m512 acc0[4], acc1[4];
   _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
+    if (next)
+      for (int b = 0; b < 2; b++) {
+        _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
+          _mm_prefetch((const char *)(next + b * R * K + c * R * QC + l), _MM_HINT_T1);
+        _mm_prefetch((const char *)(next_scales + b * 2 * R * C + c * 2 * R), _MM_HINT_T1);
+      }
     __m512i w0[8], w1[8];
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
       w0[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
       w1[k] = _mm512_loadu_si512((const void *)(cb1 + c * R * QC + 64 * k));
     }
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
-      const int64_t tc = (t0 + i) * C + c;
+      const int64_t tc = at(r, t0 + i, c);
       const int8_t *q = r.q + tc * QC;
       __m512i s0 = _mm512_set1_epi32(r.corr[tc]), s1 = s0;
       _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
@@ -599,7 +624,9 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
 /* Decode and short verify steps (T <= 4, N a multiple of 32): pairs of blocks, one tile each.
  * Two blocks streamed together halve the broadcasts of x a product needs; measured against
  * single blocks, a SmolLM2 decode step -6%. Longer steps keep tiles of 8 rows a block (a pair
- * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). */
+ * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). From 3 rows a
+ * tile asks for the next pair while it computes (3 and 4 rows over SmolLM2's layers 10%
+ * faster; at 2 rows the prefetches cost about what they save). */
 VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, const H16 *scales,
                                  const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                  int64_t ldy, int threads) {
@@ -608,11 +635,13 @@ VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, cons
   for (int64_t p = 0; p < pairs; p++) {
     const uint8_t *cb = codes + 2 * p * R * K;
     const H16 *sb = scales + 2 * p * 2 * R * C;
+    const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * R * K : NULL;
+    const H16 *ns = sb + 2 * 2 * R * C;
     switch (T) {
-      case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 4); break;
-      case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 3); break;
-      case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 2); break;
-      default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 1); break;
+      case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 4, next, ns); break;
+      case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 3, next, ns); break;
+      case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 2, NULL, NULL); break;
+      default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 1, NULL, NULL); break;
     }
   }
 }
@@ -631,7 +660,7 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
     for (int64_t t = 0; t < T; t++) {
       float acc[R] = {0};
       for (int64_t c = 0; c < C; c++) {
-        const int64_t tc = t * C + c;
+        const int64_t tc = at(r, t, c);
         const int8_t *q = r.q + tc * QC;
         int32_t sum[R] = {0};
         for (int k = 0; k < 8; k++)
@@ -666,9 +695,10 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
                       int threads) {
   const int64_t C = K / QC;
-  /* One buffer for the rounded rows: d_x and mx [2][T][C] float, corr [T][C], then q [T][K]. */
+  /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr [C][T], then q [C][T][32]. */
   float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
-  const RoundedRows r = {(int8_t *)(f + 3 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C)};
+  const RoundedRows r = {(int8_t *)(f + 3 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C),
+                         T, C};
   round_rows(isa, x, T, K, r, threads);
   if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
     linear_a8_pairs(r, codes, scales, bias, y, T, N, K, ldy, threads);
