@@ -42,6 +42,8 @@ MODELS = {  # label -> (path getter, quantization)
     "embedded-target": (lambda: embedded_model_path("target"), None),
     "embedded-draft": (lambda: embedded_model_path("draft"), None),
     "embedded-draft-q8_0": (lambda: embedded_model_path("draft"), "q8_0"),  # lossy: a draft may be
+    # as the embedded pair drafts by default where the CPU has AVX-512 VNNI (SpecConfig "auto")
+    "embedded-draft-w8a8": (lambda: embedded_model_path("draft"), "w8a8"),
 }
 QS = (1, 2, 4, 8, 16)
 GREEDY_STEPS = 3  # a chain of k = 4 drafts: its first step, then 3 in one call

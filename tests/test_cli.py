@@ -322,9 +322,25 @@ def test_head_method_without_draft_uses_the_models_shipped_head() -> None:
     chain = spec("--method", HEAD_METHOD, "--k", "3")
     assert (chain.model, chain.num_speculative_tokens, chain.tree_topk) == (own.model, 3, None)
     assert resolve_head_path("smollm2-135m-instruct-eagle") == Path(own.model)
-    draft = SpecConfig(method=DEFAULT_METHOD, model="embedded-code-draft")
+    draft = SpecConfig(method=DEFAULT_METHOD, model="embedded-code-draft", quantization="auto")
     assert own_speculative("embedded-code", DEFAULT_METHOD) == draft
     assert own_speculative("/some/dir", HEAD_METHOD) is None
+
+
+def test_draft_quantization_auto_and_none() -> None:
+    """--draft-quantization none keeps a draft as stored, auto asks for w8a8 where VNNI runs it;
+    a named model's own draft runs auto unless told otherwise."""
+
+    def spec(*args: str) -> SpecConfig:
+        return spec_config(build_parser().parse_args(["generate", "x", *args]))
+
+    given = ("--method", DEFAULT_METHOD, "--draft", "d", "--draft-quantization")
+    assert spec(*given, "none").quantization is None
+    assert spec(*given, "auto").quantization == "auto"
+    assert spec("--method", DEFAULT_METHOD, "--draft", "d").quantization is None
+    own = ("--model", "embedded-code", "--method", DEFAULT_METHOD, "--k", "3")
+    assert spec(*own).quantization == "auto"
+    assert spec(*own, "--draft-quantization", "none").quantization is None
 
 
 def test_embedded_model_options(capsys) -> None:

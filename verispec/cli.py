@@ -14,6 +14,7 @@ from verispec.cli_options import acceptance_line, add_model_options, load_llm, s
 from verispec.cli_verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
 from verispec.models.hub import model_names, pull
+from verispec.models.quantization import AUTO_DRAFT, QUANTIZATIONS
 
 EXIT_BAD_INPUT = 2
 
@@ -105,6 +106,11 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        "(embedded-code)")  # fmt: skip
     bench.add_argument("--draft", default=None,
                        help="draft checkpoint or model name (embedded-code-draft)")  # fmt: skip
+    bench.add_argument("--draft-quantization", choices=(AUTO_DRAFT, "none", *QUANTIZATIONS),
+                       default=AUTO_DRAFT,
+                       help="the draft model's, in its rows and its cost runs (as verispec run "
+                       "uses a named model's own draft): auto = w8a8 where the CPU has AVX-512 "
+                       "VNNI, else none (as stored)")  # fmt: skip
     bench.add_argument("--workloads", type=_csv(str), default=None,
                        help="code,edit,free,chat,agentic (chat, agentic: for chat "
                        "models)")  # fmt: skip

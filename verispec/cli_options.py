@@ -13,7 +13,7 @@ from verispec.chat import check_text
 from verispec.config import SpecConfig, default_speculative, own_speculative
 from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.metrics import SpecStats
-from verispec.models.quantization import QUANTIZATIONS
+from verispec.models.quantization import AUTO_DRAFT, QUANTIZATIONS
 from verispec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,9 +68,11 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
                       help="self: a calibration file, read if it exists, else written")  # fmt: skip
     spec.add_argument(
         "--draft-quantization",
-        choices=QUANTIZATIONS,
+        choices=(AUTO_DRAFT, "none", *QUANTIZATIONS),
         default=None,
-        help="round the draft's linear weights (changes acceptance, never output)",
+        help="round the draft's linear weights (changes acceptance, never output): auto = w8a8 "
+        "where the CPU has AVX-512 VNNI, else none (as stored; a named model's own draft runs "
+        "auto)",
     )
     cmd.add_argument("--batch-invariant", action="store_true",
                      help="logits independent of batch mates: speculative greedy output equals "
@@ -103,7 +105,8 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     for flag, field in SPEC_FLAGS:
         value = getattr(args, _attr(flag))
         if value is not None:
-            given[flag] = (field, value)
+            as_stored = (flag, value) == ("--draft-quantization", "none")  # SpecConfig's None
+            given[flag] = (field, None if as_stored else value)
     if args.method == PLAIN:
         if given or args.draft is not None:
             extra = [*given, *(["--draft"] if args.draft is not None else [])]
@@ -126,6 +129,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
             return own  # the model's own head or draft, with the settings it was tuned with
         if takes_draft and args.draft is None and own is not None:
             options["model"] = own.model
+            options.setdefault("quantization", own.quantization)
         elif takes_draft and args.draft is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub "
                              "id; for a head method, its directory)")  # fmt: skip

@@ -12,7 +12,7 @@ from verispec.models.compiled import check_compile
 from verispec.models.default import shipped_head
 from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
 from verispec.models.linear import LinearBackend
-from verispec.models.quantization import check_quantization
+from verispec.models.quantization import AUTO_DRAFT, check_quantization
 
 MAX_SPECULATIVE_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -128,8 +128,11 @@ class SpecConfig:
     prompt_lookup_max: int | None = None
     """Longest suffix n-gram prompt lookup tries, first (default 4)."""
     quantization: str | None = None
-    """Round the draft's linear weights at load: None, fp16, int8 or q8_0. Never affects the
-    output, only how often drafts are accepted (and how fast the draft runs)."""
+    """Round the draft's linear weights at load: None (as stored), fp16, int8, q8_0, w8a8 (q8_0
+    times inputs rounded to 8-bit blocks), or "auto": for a draft model w8a8 where the native
+    kernel runs it on AVX-512 VNNI, else as stored (quantization.draft_quantization; heads as
+    stored). A named model's own draft runs "auto". Never affects the output, only how often
+    drafts are accepted and how fast the draft runs."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
     num_speculative_tokens tokens."""
@@ -170,7 +173,7 @@ class SpecConfig:
         self._check_self_draft(traits.drafts_with_own_layers)
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
-        check_quantization(self.quantization, "speculative quantization")
+        check_quantization(self.quantization, "speculative quantization", (AUTO_DRAFT,))
         self._check_tree(traits.takes_tree, traits.own_tree)
         k = self.num_speculative_tokens
         tree = (self.tree_topk or 1) > 1 or traits.own_tree
@@ -322,5 +325,5 @@ def own_speculative(model: str | None, method: str) -> SpecConfig | None:
             path, settings = head
             return SpecConfig(method=method, model=str(path), **settings)
     if method == DEFAULT_METHOD and named.draft is not None:
-        return SpecConfig(method=method, model=named.draft)
+        return SpecConfig(method=method, model=named.draft, quantization=AUTO_DRAFT)
     return None

@@ -6,18 +6,21 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_checkpoint, make_perturbed_copy
 
 from verispec.bench.engines import takes_draft
 from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
+from verispec.bench.main import bench_config
 from verispec.bench.verify_cost import (
     alpha_from_length,
     predicted_speedup,
     tokens_per_step,
     verify_cost_curve,
 )
-from verispec.cli import main
+from verispec.cli import build_parser, main
 from verispec.drafters.registry import PLAIN, method
+from verispec.models.quantization import draft_quantization
 
 ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",
@@ -87,6 +90,9 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
     assert "settings:" in printed and "speedup" in printed
     result = json.loads(out.read_text())
     assert result["settings"]["plan"] == "quick" and result["verify_cost"] == []
+    auto = draft_quantization("auto", "auto", torch.device("cpu"), torch.float32, False)
+    assert result["settings"]["draft_quantization"] == auto  # w8a8 where VNNI runs it
+    assert f"draft_quantization={auto}" in printed
     rows = result["rows"]
     assert {(r["engine"], r["method"]) for r in rows} == {
         (e, m) for e in ("verispec", "transformers") for m in (PLAIN, *chain_methods())
@@ -113,6 +119,15 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
             assert r["acceptance_rate"] is not None or r["workload"] != "code"
     names = sorted(p.name for p in plots.iterdir())
     assert names == ["acceptance_per_position.png", "speedup_vs_k.png"]  # no curve measured
+
+
+def test_draft_quantization_option_is_resolved_and_none_means_as_stored() -> None:
+    def config(*args: str) -> BenchConfig:
+        return bench_config(build_parser().parse_args(["bench", *args]))
+
+    assert config("--draft-quantization", "none").draft_quantization is None
+    assert config("--draft-quantization", "q8_0").draft_quantization == "q8_0"
+    assert config().draft_quantization in ("w8a8", None)  # auto, by the CPU
 
 
 def test_bench_bad_options_exit_2(pair: tuple[Path, Path], tmp_path: Path, capsys) -> None:

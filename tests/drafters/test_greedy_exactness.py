@@ -277,7 +277,7 @@ def test_preemption(spec_pair, k: int, method: str, plain: Plain, monkeypatch) -
 
 @pytest.mark.parametrize(
     ("quantization", "draft_quantization"),
-    [("int8", None), ("fp16", "int8"), (None, "fp16"),
+    [("int8", None), ("fp16", "int8"), (None, "fp16"), (None, "auto"),
      pytest.param("w8a8", "w8a8", marks=pytest.mark.skipif(
          not isinstance(native_kernel(), NativeKernel), reason="w8a8 needs the native kernel"))],
 )  # fmt: skip

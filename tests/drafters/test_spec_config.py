@@ -75,6 +75,9 @@ def test_quantization_is_for_draft_models_only() -> None:
         verispec.SpecConfig(method="ngram", quantization="fp16")
     with pytest.raises(ValueError, match="speculative quantization must be one of fp16, int8"):
         verispec.SpecConfig(model="d", quantization="q4")
+    assert verispec.SpecConfig(model="d", quantization="auto").quantization == "auto"
+    with pytest.raises(ValueError, match="method 'ngram' does not use quantization"):
+        verispec.SpecConfig(method="ngram", quantization="auto")
 
 
 def test_options_a_method_would_ignore_are_refused() -> None:
@@ -166,7 +169,8 @@ def test_auto_uses_a_shipped_head_with_its_tuned_tree(monkeypatch, tmp_path) -> 
         named["embedded-code"] = replace(named["embedded-code"], auto_head=auto_head)
         monkeypatch.setattr(config_module, "NAMED_MODELS", named)
         own = verispec.SpecConfig(method="eagle", model=str(head), **tuned)
-        draft = verispec.SpecConfig(method="draft_model", model="embedded-code-draft")
+        draft = verispec.SpecConfig(method="draft_model", model="embedded-code-draft",
+                                    quantization="auto")
         assert config_module.own_speculative("embedded-code", "eagle") == own
         assert default_speculative("embedded-code") == (own if auto_head else draft)
     monkeypatch.setattr(default_models, "HEADS_DIR", tmp_path / "none")

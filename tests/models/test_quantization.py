@@ -13,11 +13,18 @@ from torch.testing import assert_close
 from transformers import PreTrainedModel
 
 from verispec import LLM
+from verispec.models import native_linear
 from verispec.models.linear import Linear
 from verispec.models.loader import load_model
-from verispec.models.native_linear import NativeKernel, affine_codes, native_kernel
+from verispec.models.native_linear import (
+    NativeKernel,
+    NativeUnavailable,
+    affine_codes,
+    native_kernel,
+)
 from verispec.models.quantization import (
     check_quantization,
+    draft_quantization,
     int8_per_channel,
     round_to_fp16,
     round_to_q8_0,
@@ -81,6 +88,36 @@ def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
 def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
     with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8 or None"):
         check_quantization(name)  # type: ignore[arg-type]
+
+
+def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) -> None:
+    """SpecConfig.quantization "auto": w8a8 for a float32 CPU draft whose native kernel has
+    AVX-512 VNNI, else as stored (None); explicit choices pass through unchanged."""
+    f32 = torch.float32
+    assert draft_quantization("q8_0", "torch", CPU, f32, False) == "q8_0"
+    assert draft_quantization(None, "auto", CPU, f32, False) is None
+    for vnni, expected in ((True, "w8a8"), (False, None)):
+        monkeypatch.setattr(native_linear, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
+        assert draft_quantization("auto", "auto", CPU, f32, False) == expected
+        assert draft_quantization("auto", "native", CPU, f32, False) == expected
+    assert draft_quantization("auto", "torch", CPU, f32, False) is None  # vnni still True
+    assert draft_quantization("auto", "auto", CPU, torch.float16, False) is None
+    assert draft_quantization("auto", "auto", torch.device("meta"), f32, False) is None
+    assert draft_quantization("auto", "auto", CPU, f32, True) is None  # compiled
+    monkeypatch.setattr(native_linear, "native_kernel", lambda: NativeUnavailable("no compiler"))
+    assert draft_quantization("auto", "auto", CPU, f32, False) is None
+
+
+def test_the_kernels_vnni_flag_matches_the_cpu() -> None:
+    """NativeKernel.vnni: the 8-bit products run on vpdpbusd exactly where the CPU (Linux's
+    /proc/cpuinfo) has AVX-512 F, BW and VNNI."""
+    kernel = native_kernel()
+    info = Path("/proc/cpuinfo")
+    if not isinstance(kernel, NativeKernel) or not info.is_file():
+        pytest.skip("needs the native kernel and /proc/cpuinfo")
+    flags = set(next(line for line in info.read_text().splitlines()
+                     if line.startswith("flags")).split())  # fmt: skip
+    assert kernel.vnni == ({"avx512f", "avx512bw", "avx512_vnni"} <= flags)
 
 
 def needs_native(quantization: str) -> object:

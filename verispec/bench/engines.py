@@ -178,16 +178,22 @@ class VerispecEngine:
     runs_own_trees: ClassVar[bool] = True  # runs methods that draft trees of their own (suffix)
     runs_own_layers: ClassVar[bool] = True  # runs self-speculation (the target's own layers)
     quantization: ClassVar[str | None] = None  # of the target's linear weights
+    rounds_drafts: ClassVar[bool] = True  # takes draft_quantization (BenchConfig's)
 
     def __init__(
-        self, target: Path, draft: Path | None, spec: MethodSpec, dtype: str, device: str = "cpu"
+        self, target: Path, draft: Path | None, spec: MethodSpec, dtype: str, device: str = "cpu",
+        draft_quantization: str | None = None, alone: bool = False,
     ) -> None:
+        """draft_quantization: a draft model's (SpecConfig.quantization); alone: target is the
+        draft, run plainly with that quantization (the draft-alone cost runs)."""
         from verispec import LLM
 
         self.method, self.k = spec.method, spec.k
         self.llm = LLM(
-            model=str(target), dtype=dtype, device=device, speculative=spec_config(spec, draft),
-            quantization=self.quantization, enable_prefix_caching=True,
+            model=str(target), dtype=dtype, device=device,
+            speculative=spec_config(spec, draft, draft_quantization),
+            quantization=draft_quantization if alone else self.quantization,
+            enable_prefix_caching=True,
         )  # fmt: skip
         self.spec = spec.fitted(getattr(self.llm.engine.proposer, "depth", None))
 
@@ -246,15 +252,20 @@ class VerispecA8Engine(VerispecEngine):
     quantization: ClassVar[str | None] = "a8"
 
 
-def spec_config(spec: MethodSpec, draft: Path | None) -> SpecConfig | None:
+def spec_config(
+    spec: MethodSpec, draft: Path | None, draft_quantization: str | None = None
+) -> SpecConfig | None:
     """The SpecConfig for spec (None for PLAIN); each method is given only the options it
-    reads. draft: the draft checkpoint or head directory of methods that take one."""
+    reads. draft: the draft checkpoint or head directory of methods that take one;
+    draft_quantization: a draft model's."""
     if spec.method == PLAIN:
         return None
     options: dict[str, Any] = {}
     traits = method(spec.method)
     if traits.takes_model:
         options["model"] = str(draft)
+    if traits.takes_draft_model:
+        options["quantization"] = draft_quantization
     if traits.takes_prompt_lookup:
         options["prompt_lookup_min"] = spec.prompt_lookup_min
         options["prompt_lookup_max"] = spec.prompt_lookup_max

@@ -84,6 +84,7 @@ class BenchConfig:
     dtype: str = "float32"
     threads: int = 1
     plan: str = "full"  # "full": every method on every workload; "quick": each on its home
+    draft_quantization: str | None = None  # draft models' (resolved: "auto" is never kept)
 
     def __post_init__(self) -> None:
         for name in self.workloads:
@@ -331,11 +332,15 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
             progress(f"note: engine {name} runs no self-speculation; it has no rows for it")
         progress(f"loading {name} engines ...")
         engines[(name, PLAIN_SPEC)] = cls(config.target, None, PLAIN_SPEC, config.dtype)
+        rounds_drafts = getattr(cls, "rounds_drafts", False)
+        rounds = {"draft_quantization": config.draft_quantization} if rounds_drafts else {}
         if any(takes_draft(s.method) for s in specs):
-            engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype)
+            alone = {"alone": True} if rounds_drafts else {}
+            engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype,
+                                              **rounds, **alone)  # fmt: skip
         for spec in specs:
             draft = config.heads[spec.method] if takes_head(spec.method) else config.draft
-            engine = engines[(name, spec)] = cls(config.target, draft, spec, config.dtype)
+            engine = engines[(name, spec)] = cls(config.target, draft, spec, config.dtype, **rounds)
             ran = getattr(engine, "spec", spec)
             if ran != spec:
                 progress(f"note: {name} {spec.method} {spec.label} runs as {ran.label} (its "

@@ -26,6 +26,10 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the options ask for: the quick preset or the full defaults, then any
     explicit option on top; default models are the embedded pair."""
 
+    import torch
+
+    from verispec.models.quantization import draft_quantization
+
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
                  "repeats", "concurrency", "engines"):  # fmt: skip
@@ -38,8 +42,6 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         options["threads"] = args.threads
     else:
-        import torch
-
         options["threads"] = torch.get_num_threads()
     heads = {m: bench_head(getattr(args, m), f"--{m}") for m in HEAD_METHODS if getattr(args, m)}
     if args.methods is None:  # the default methods, and every method given a head
@@ -48,6 +50,10 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         options["trees"] = tuple(parse_tree_shape(t) for t in args.trees)
     target = bench_model(args.target, "target", "--target")
     draft = bench_model(args.draft, "draft", "--draft")
+    requested = None if args.draft_quantization == "none" else args.draft_quantization
+    options["draft_quantization"] = draft_quantization(
+        requested, "auto", torch.device("cpu"), torch.float32, False
+    )
     return BenchConfig(target=target, draft=draft, heads=heads, **options)
 
 
@@ -87,6 +93,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     }
     if not any(m != PLAIN and takes_draft(m) for m in config.methods):
         fields["draft"] = None  # no row uses it: do not print a model that did not run
+        fields["draft_quantization"] = None
     fields["heads"] = {m: str(path) for m, path in config.heads.items()}
     fields["trees"] = [t.label for t in config.trees]
     return {
@@ -177,7 +184,8 @@ def _version(package: str) -> str | None:
 
 def _settings_line(info: dict[str, Any]) -> str:
     """One line of the settings; the heads (e.g. `eagle=DIR`) and tree shapes when any ran."""
-    keys = ("target", "draft", "engines", "workloads", "dtype", "threads", "plan", "prompts",
+    keys = ("target", "draft", "draft_quantization", "engines", "workloads", "dtype", "threads",
+            "plan", "prompts",
             "max_tokens", "repeats", "top_p", "prefix_caching", "cpu", "torch", "transformers",
             "llama_cpp_python", "load_average_before")  # fmt: skip
     items = [f"{k}={info.get(k)}" for k in keys]

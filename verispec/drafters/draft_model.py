@@ -14,6 +14,7 @@ from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.models.native_layer import can_step_greedily, greedy_steps
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.quantization import draft_quantization
 from verispec.request import Request, all_greedy
 from verispec.tokenizer import Tokenizer
 
@@ -80,6 +81,8 @@ class DraftModelProposer:
         path = resolve_model_path(model)
         tokenizer = Tokenizer(path)
         check_vocabularies(target.tokenizer, tokenizer)
+        quantization = draft_quantization(quantization, target.linear_backend, target.device,
+                                          target.dtype, target.compile)  # fmt: skip
         loaded = load_model(
             path, target.dtype, target.device, target.linear_backend,
             batch_invariant=target.batch_invariant, quantization=quantization,

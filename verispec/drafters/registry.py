@@ -17,6 +17,7 @@ from verispec.models.eagle import load_eagle_head
 from verispec.models.linear import choose_backend
 from verispec.models.loader import resolve_head_path
 from verispec.models.medusa import load_medusa_heads
+from verispec.models.quantization import AUTO_DRAFT
 
 if TYPE_CHECKING:  # annotations only: config imports this module, never the reverse at run time
     from verispec.config import SpecConfig
@@ -56,12 +57,18 @@ class Method:
 def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
-                           target.batch_invariant, spec.quantization, target.compile)  # fmt: skip
+                           target.batch_invariant, _head_quantization(spec),
+                           target.compile)  # fmt: skip
     lookup = None
     if spec.prompt_lookup_tokens is not None:  # SpecConfig then filled in the n-gram bounds
         lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
                          spec.tree_depth or 1, target, lookup)  # fmt: skip
+
+
+def _head_quantization(spec: SpecConfig) -> str | None:
+    """A head's weights as stored under the default "auto" (only draft models round then)."""
+    return None if spec.quantization == AUTO_DRAFT else spec.quantization
 
 
 def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
@@ -72,7 +79,7 @@ def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
-                              target.batch_invariant, spec.quantization)  # fmt: skip
+                              target.batch_invariant, _head_quantization(spec))  # fmt: skip
     k = spec.num_speculative_tokens
     depth = spec.tree_depth or (k if (spec.tree_topk or 1) == 1 else heads.config.num_heads)
     return MedusaProposer(heads, k, spec.tree_topk or 1, depth)

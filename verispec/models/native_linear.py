@@ -55,6 +55,8 @@ class NativeKernel:
     lib: ctypes.CDLL
     isa: int
     """2 = AVX-512, 1 = AVX2 + F16C + FMA."""
+    vnni: bool = False
+    """8-bit products ("a8", "w8a8") run on AVX-512 VNNI here, not the portable loop."""
 
     @property
     def isa_name(self) -> str:
@@ -134,7 +136,7 @@ def _load() -> NativeKernel | NativeUnavailable:
                                     size, ctypes.c_int]  # fmt: skip
     lib.verispec_linear.restype = None
     _declare_layer_functions(lib)
-    return NativeKernel(lib, isa)
+    return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
 
 
 def _declare_layer_functions(lib: ctypes.CDLL) -> None:

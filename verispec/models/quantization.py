@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from verispec.models import native_linear
+
 QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
 ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
 """Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
@@ -19,12 +21,37 @@ own, so a verify row still equals the decode step of the same input bit for bit.
 Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
-def check_quantization(name: str | None, what: str = "quantization") -> None:
-    """ValueError unless name is None or one of QUANTIZATIONS."""
-    if name is not None and name not in QUANTIZATIONS:
-        raise ValueError(
-            f"{what} must be one of {', '.join(QUANTIZATIONS)} or None (off); got {name!r}"
-        )
+AUTO_DRAFT = "auto"
+"""SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
+"w8a8" where the native kernel's 8-bit products run on AVX-512 VNNI (a draft need not be exact,
+and its steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
+
+
+def draft_quantization(
+    requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool
+) -> str | None:
+    """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT "w8a8" on a
+    float32 CPU model with the native backend available ("auto" or "native"), not compiled,
+    where the kernel has VNNI, else None. Example: ("auto", "auto", cpu, float32, False) ->
+    "w8a8" on an Ice Lake Xeon, None on a CPU without AVX-512 VNNI (its portable 8-bit loop
+    would make the draft slower, not faster)."""
+    if requested != AUTO_DRAFT:
+        return requested
+    if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if compile:
+        return None
+    kernel = native_linear.native_kernel()
+    return "w8a8" if isinstance(kernel, native_linear.NativeKernel) and kernel.vnni else None
+
+
+def check_quantization(
+    name: str | None, what: str = "quantization", extra: tuple[str, ...] = ()
+) -> None:
+    """ValueError unless name is None or one of QUANTIZATIONS (or extra)."""
+    allowed = (*QUANTIZATIONS, *extra)
+    if name is not None and name not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)} or None (off); got {name!r}")
 
 
 def round_to_fp16(weight: torch.Tensor) -> torch.Tensor:

@@ -701,6 +701,10 @@ static int has_vnni(void) {
   return known;
 }
 
+/* 1 where kind 3's products run on vpdpbusd (isa 2 and AVX-512 VNNI), else 0 (the portable
+ * loop, much slower: native_linear.NativeKernel.vnni). */
+int verispec_linear_vnni(void) { return has_vnni(); }
+
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
  * vpdpbusd where isa is 2 and the CPU has AVX-512 VNNI (pairs of blocks for up to 4 rows), else
  * the portable loop. */
