@@ -9,8 +9,12 @@ exact joint p(t1) p(t2 | t1) p(t3 | t1, t2), computed from transformers' logits 
 passed through verispec's `warp` with the same SamplingParams.
 
 The statistics (verispec/verify/fit.py, shared with `verispec verify`) and their thresholds:
-- Pearson chi-square over cells pooled to expected counts >= 5; an exact sampler fails with
-  probability ALPHA = 1e-3 per case.
+- Pearson chi-square over cells pooled to expected counts >= 5 at ALPHA = 1e-3. A case that
+  rejects is measured once more on the next N seeds and fails only if that independent block
+  rejects too (`measure_exact`): an exact sampler fails with probability about 1e-6 per case,
+  where one block at 1e-3 over some thirty cases failed a correct change about 3% of the time
+  (it did once: a sampler drawing its noise differently, p = 0.00084 on seeds 0..N-1, passing
+  on four other blocks). The broken verifiers below fail one block by margins (p < 1e-9).
 - total variation over all cells <= a bound of order sqrt(cells / N) that an exact sampler
   exceeds with probability <= 1e-6 (derived in fit.tv_bound).
 - no sample at all in a cell of probability 0 (a token that top-k / top-p removed).
@@ -146,14 +150,17 @@ class Run:
 
 
 def run_case(
-    target: Path, prompt: list[int], params: SamplingParams, spec: SpecConfig | None, n: int
+    target: Path, prompt: list[int], params: SamplingParams, spec: SpecConfig | None, n: int,
+    first_seed: int = 0,
 ) -> tuple[Counter[int], float | None, int]:
-    """Counts of the first-TOKENS cell over n requests with seeds 0..n-1, all in one batch."""
+    """Counts of the first-TOKENS cell over n requests with seeds first_seed .. first_seed + n
+    - 1, all in one batch."""
     llm = LLM(
         model=str(target), speculative=spec, max_num_seqs=n, max_num_batched_tokens=32 * n,
         max_model_len=32,
     )  # fmt: skip
-    outs = llm.generate([prompt] * n, [dataclasses.replace(params, seed=i) for i in range(n)])
+    seeds = range(first_seed, first_seed + n)
+    outs = llm.generate([prompt] * n, [dataclasses.replace(params, seed=i) for i in seeds])
     cells: Counter[int] = Counter()
     for out in outs:
         assert len(out.token_ids) == params.max_tokens
@@ -171,14 +178,27 @@ def measure(
     params: SamplingParams,
     spec: SpecConfig | None,
     n: int = N,
+    first_seed: int = 0,
 ) -> Run:
     target, _, model = checkpoints
-    counts, acceptance, drafted = run_case(target, prompt, params, spec, n)
+    counts, acceptance, drafted = run_case(target, prompt, params, spec, n, first_seed)
     probs = exact_joint(model, prompt, params)
     result = Run(fit(probs, [counts[c] for c in range(len(probs))]), acceptance, drafted)
     print(f"{params.temperature=} {params.top_p=} {params.top_k=} {spec and spec.method}: "
           f"{result.fit} acceptance={acceptance} drafts={drafted}")  # fmt: skip
     return result
+
+
+def measure_exact(
+    checkpoints: tuple[Path, Path, PreTrainedModel],
+    prompt: list[int],
+    params: SamplingParams,
+    spec: SpecConfig | None,
+) -> Run:
+    """`measure` on seeds 0..N-1 and, when that block rejects at ALPHA, on seeds N..2N-1: the
+    block that decides (module docstring)."""
+    run = measure(checkpoints, prompt, params, spec)
+    return run if run.fit.ok(ALPHA) else measure(checkpoints, prompt, params, spec, first_seed=N)
 
 
 def draft_spec(checkpoints: tuple[Path, Path, PreTrainedModel]) -> SpecConfig:
@@ -219,7 +239,7 @@ def test_plain_sampling_matches_the_target(
     checkpoints: tuple[Path, Path, PreTrainedModel], temperature: float, top_p: float, top_k: int
 ) -> None:
     """The harness itself: no speculation, the same statistics must accept."""
-    run = measure(checkpoints, DRAFT_PROMPT, params_of(temperature, top_p, top_k, 3), None)
+    run = measure_exact(checkpoints, DRAFT_PROMPT, params_of(temperature, top_p, top_k, 3), None)
     assert run.fit.ok(ALPHA), run.fit
     assert run.draft_tokens == 0
 
@@ -233,7 +253,7 @@ def test_draft_model_sampling_matches_the_target(
     max_tokens: int,
 ) -> None:
     params = params_of(temperature, top_p, top_k, max_tokens)
-    run = measure(checkpoints, DRAFT_PROMPT, params, draft_spec(checkpoints))
+    run = measure_exact(checkpoints, DRAFT_PROMPT, params, draft_spec(checkpoints))
     assert run.fit.ok(ALPHA), run.fit
     # Every request drafts at its second step; partial acceptance exercises every path. The
     # rate is accepted / drafted (vLLM's): about 0.45 at k = 1, lower at k = 2, where the second
@@ -252,7 +272,7 @@ def test_ngram_sampling_matches_the_target(
     max_tokens: int,
 ) -> None:
     params = params_of(temperature, top_p, top_k, max_tokens)
-    run = measure(checkpoints, ngram_prompt, params, NGRAM)
+    run = measure_exact(checkpoints, ngram_prompt, params, NGRAM)
     assert run.fit.ok(ALPHA), run.fit
     assert run.draft_tokens >= N * (max_tokens - 2) // 2  # lookups hit for most requests
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
@@ -285,8 +305,8 @@ def test_suffix_sampling_matches_the_target(
         return drafts
 
     monkeypatch.setattr(SuffixProposer, "propose", spy)
-    run = measure(checkpoints, ngram_prompt, params_of(temperature, top_p, top_k, max_tokens),
-                  SUFFIX)  # fmt: skip
+    params = params_of(temperature, top_p, top_k, max_tokens)
+    run = measure_exact(checkpoints, ngram_prompt, params, SUFFIX)
     assert run.fit.ok(ALPHA), run.fit
     assert run.draft_tokens >= N * (max_tokens - 2) // 2
     assert widths[1] > 0 and (max_tokens < 4 or widths[2] > 0), widths
@@ -350,7 +370,7 @@ def test_int8_draft_sampling_matches_the_unquantized_target(
     """Whatever the draft computes, the output follows the target: an int8 draft."""
     spec = draft_spec(checkpoints)
     spec.quantization = "int8"
-    run = measure(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 4), spec)
+    run = measure_exact(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 4), spec)
     assert run.fit.ok(ALPHA), run.fit
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
 
@@ -421,7 +441,7 @@ def test_eagle_sampling_matches_the_target(
     """Chains (q from the head, rejection sampling) and trees (point-mass nodes, recursive
     rejection over siblings) both emit the target's exact distribution."""
     params = params_of(temperature, top_p, top_k, 5)
-    run = measure(checkpoints, DRAFT_PROMPT, params, eagle_spec(eagle_head, tree))
+    run = measure_exact(checkpoints, DRAFT_PROMPT, params, eagle_spec(eagle_head, tree))
     assert run.fit.ok(ALPHA), run.fit
     # Every request drafts at its second step (3 chain drafts or tree nodes), and more after
     # rejections; measured acceptance (accepted / drafted): chains ~0.8, trees ~0.45.

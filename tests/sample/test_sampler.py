@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec.sample import argmax_rows, sample
+from verispec.sample.sampler import _exponential_noise
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -46,6 +47,16 @@ def test_never_samples_zero_probability(weights: list[float], keep: list[bool], 
     probs = (w / w.sum()).expand(8, -1)  # [8, vocab]
     tokens = sample(probs, [seeded(seed + i) for i in range(8)])
     assert (probs[0, tokens] > 0).all()
+
+
+def test_cpu_noise_is_drawn_for_the_support_only() -> None:
+    """On the CPU a row draws its Exponential(1) noise for the tokens with p > 0 alone, in id
+    order, and holds 1 elsewhere: a token with p = 0 cannot win whatever its noise."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.25, 0.25, 0.25, 0.25]])
+    noise = _exponential_noise(probs, [seeded(3), seeded(4)], None)
+    support = torch.empty(2).exponential_(generator=seeded(3))
+    assert torch.equal(noise[0], torch.tensor([1.0, support[0].item(), 1.0, support[1].item()]))
+    assert torch.equal(noise[1], torch.empty(4).exponential_(generator=seeded(4)))
 
 
 def test_empirical_frequencies_match_distribution() -> None:
