@@ -109,8 +109,8 @@ def check_caches(engine: Engine, requests: list[Request]) -> int:
 
 KV_CASES = {
     "greedy": (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), {}),
-    "sampled": (
-        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=3),
+    "sampled": (  # 32 tokens: the close draft must be rejected somewhere (9 times here)
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=32, ignore_eos=True, seed=3),
         {},
     ),
     "greedy-chunked-two-seqs": (
@@ -118,7 +118,7 @@ KV_CASES = {
         dict(max_num_seqs=2, max_num_batched_tokens=8),
     ),
     "sampled-preempted": (
-        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=32, ignore_eos=True),
         dict(block_size=4, num_blocks=10, max_model_len=40),
     ),
 }
