@@ -14,7 +14,7 @@ from verispec.cli_options import acceptance_line, add_model_options, load_llm, s
 from verispec.cli_verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
 from verispec.models.hub import model_names, pull
-from verispec.models.quantization import AUTO_DRAFT, QUANTIZATIONS
+from verispec.models.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
 
 EXIT_BAD_INPUT = 2
 
@@ -106,7 +106,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        "(embedded-code)")  # fmt: skip
     bench.add_argument("--draft", default=None,
                        help="draft checkpoint or model name (embedded-code-draft)")  # fmt: skip
-    bench.add_argument("--draft-quantization", choices=(AUTO_DRAFT, "none", *QUANTIZATIONS),
+    bench.add_argument("--draft-quantization", choices=DRAFT_FLAG_VALUES,
                        default=AUTO_DRAFT,
                        help="the draft model's, in its rows and its cost runs (as verispec run "
                        "uses a named model's own draft): auto = w8a8 where the CPU has AVX-512 "

@@ -13,7 +13,7 @@ from verispec.chat import check_text
 from verispec.config import SpecConfig, default_speculative, own_speculative
 from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.metrics import SpecStats
-from verispec.models.quantization import AUTO_DRAFT, QUANTIZATIONS
+from verispec.models.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
 from verispec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
                       help="self: a calibration file, read if it exists, else written")  # fmt: skip
     spec.add_argument(
         "--draft-quantization",
-        choices=(AUTO_DRAFT, "none", *QUANTIZATIONS),
+        choices=DRAFT_FLAG_VALUES,
         default=None,
         help="round the draft's linear weights (changes acceptance, never output): auto = w8a8 "
         "where the CPU has AVX-512 VNNI, else none (as stored; a named model's own draft runs "
@@ -105,8 +105,9 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
     for flag, field in SPEC_FLAGS:
         value = getattr(args, _attr(flag))
         if value is not None:
-            as_stored = (flag, value) == ("--draft-quantization", "none")  # SpecConfig's None
-            given[flag] = (field, None if as_stored else value)
+            if flag == "--draft-quantization":
+                value = from_draft_flag(value)  # "none" gives None, still an explicit choice
+            given[flag] = (field, value)
     if args.method == PLAIN:
         if given or args.draft is not None:
             extra = [*given, *(["--draft"] if args.draft is not None else [])]

@@ -28,7 +28,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
     import torch
 
-    from verispec.models.quantization import draft_quantization
+    from verispec.models.quantization import draft_quantization, from_draft_flag
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
@@ -50,9 +50,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         options["trees"] = tuple(parse_tree_shape(t) for t in args.trees)
     target = bench_model(args.target, "target", "--target")
     draft = bench_model(args.draft, "draft", "--draft")
-    requested = None if args.draft_quantization == "none" else args.draft_quantization
     options["draft_quantization"] = draft_quantization(
-        requested, "auto", torch.device("cpu"), torch.float32, False
+        from_draft_flag(args.draft_quantization), "auto", torch.device("cpu"), torch.float32, False
     )
     return BenchConfig(target=target, draft=draft, heads=heads, **options)
 

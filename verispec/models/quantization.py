@@ -27,6 +27,15 @@ AUTO_DRAFT = "auto"
 and its steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
 
 
+DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
+"""The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
+
+
+def from_draft_flag(value: str) -> str | None:
+    """SpecConfig.quantization for a --draft-quantization value: "none" (as stored) is None."""
+    return None if value == "none" else value
+
+
 def draft_quantization(
     requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool
 ) -> str | None:
