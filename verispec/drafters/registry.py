@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.eagle import EagleProposer
@@ -47,6 +47,8 @@ class Method:
     drafts_with_own_layers: bool = False
     """Drafts with the target's own layers, some skipped (SpecConfig.self_skip_layers,
     self_calibration); no separate draft weights."""
+    model_free: bool = False
+    """Drafts from tokens alone: make reads nothing of the target (make_model_free_proposer)."""
 
     @property
     def takes_model(self) -> bool:
@@ -95,6 +97,7 @@ _METHODS: dict[str, Method] = {
     "ngram": Method(
         lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
         takes_prompt_lookup=True,
+        model_free=True,
     ),
     "eagle": Method(_eagle, takes_head=True, takes_tree=True, grafts_lookup=True),
     "medusa": Method(_medusa, takes_head=True, takes_tree=True),
@@ -102,6 +105,7 @@ _METHODS: dict[str, Method] = {
         lambda spec, target: SuffixProposer(spec.suffix_config()),
         own_tree=True,
         takes_suffix=True,
+        model_free=True,
     ),
     "self": Method(_self, drafts_with_own_layers=True),
 }
@@ -157,3 +161,12 @@ def method_names() -> tuple[str, ...]:
 def make_proposer(spec: SpecConfig, target: TargetInfo) -> Proposer:
     """The drafter for spec.method."""
     return method(spec.method).make(spec, target)
+
+
+def make_model_free_proposer(spec: SpecConfig) -> Proposer:
+    """The drafter for a method that drafts from tokens alone, built without a target (replays
+    of recorded outputs, bench.replay); ValueError for a method that needs a model."""
+    free = [name for name, m in _METHODS.items() if m.model_free]
+    if spec.method not in free:
+        raise ValueError(f"method {spec.method!r} drafts with a model; model-free methods: {free}")
+    return method(spec.method).make(spec, cast(TargetInfo, None))
