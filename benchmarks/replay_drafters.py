@@ -27,6 +27,7 @@ from verispec.bench.replay import (
     replay,
 )
 from verispec.bench.workloads import WORKLOADS, prompt_token_ids
+from verispec.config import MAX_SPECULATIVE_TOKENS
 from verispec.drafters.registry import make_model_free_proposer
 
 DRAFTERS = {  # label -> SpecConfig options besides method and k
@@ -51,8 +52,8 @@ def parse_args() -> argparse.Namespace:
         args.k = [int(k) for k in args.k.split(",")]
     except ValueError:
         p.error(f"--k takes integers separated by commas, got {args.k!r}")
-    if any(k < 1 for k in args.k):
-        p.error("--k values must be >= 1")
+    if any(not 1 <= k <= MAX_SPECULATIVE_TOKENS for k in args.k):
+        p.error(f"--k values must be in [1, {MAX_SPECULATIVE_TOKENS}] (prompt lookup's limit)")
     return args
 
 
@@ -61,7 +62,8 @@ def record(args: argparse.Namespace) -> dict:
     pass at concurrency 1), with the summed time to first tokens and inter-token gaps."""
     torch.set_num_threads(args.threads)
     quantization = None if args.quantization == "none" else args.quantization
-    llm = LLM(model=args.model, quantization=quantization, enable_prefix_caching=True)
+    llm = LLM(model=args.model, quantization=quantization, speculative=None,
+              enable_prefix_caching=True)  # fmt: skip
     workload = WORKLOADS[args.workload]
     prompts = [prompt_token_ids(llm.tokenizer, p) for p in workload.prompts()]
     params = SamplingParams(temperature=0, max_tokens=workload.max_tokens)
