@@ -217,6 +217,30 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
 
 
+@needs_kernel
+@pytest.mark.parametrize("out", [37, 64])
+def test_four_bit_codes_give_the_float32_scales_products(out: int) -> None:
+    """Q4_1-like codes pack with float16 scales (kind 4, whose decode rows look weights up in a
+    table) and give, bit for bit, the products of the same codes with float32 scales (kind 2)
+    on every instruction set and for every row count; Q8_0-like codes keep float32 scales."""
+    codes = native_linear.affine_codes(gguf_like(out, 3, 7))
+    assert codes is not None
+    packed, half = native_linear.pack_codes(codes)
+    assert half.dtype == torch.float16 and native_linear.kind_of(packed, half) == 4
+    full = half.float()
+    assert native_linear.kind_of(packed, full) == 2
+    q8 = native_linear.affine_codes(round_to_q8_0(torch.randn(out, 96)))
+    assert q8 is not None and native_linear.pack_codes(q8)[1].dtype == torch.float32
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(40, 96, generator=g)
+    bias = torch.randn(out, generator=g)
+    for kernel in kernels():
+        for rows in (1, 2, 3, 4, 5, 8, 9, 40):
+            got = native_linear._product(kernel, x[:rows], packed, bias, out, half)
+            want = native_linear._product(kernel, x[:rows], packed, bias, out, full)
+            assert torch.equal(got, want), (kernel.isa_name, rows)
+
+
 def round_rows_like_the_kernel(x: torch.Tensor) -> torch.Tensor:
     """x [T, K] with each 32-column chunk rounded as quantization "a8" rounds it (linear.c):
     d = max |x| / 127, q = x * (127 / max |x|) to the nearest integer, ties to even."""

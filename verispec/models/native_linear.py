@@ -296,7 +296,10 @@ def _affine(weight: torch.Tensor, order: Sequence[int]) -> tuple[AffineCodes, in
 
 def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
-    2, 16] float32: d then m of the block's 16 rows), N padded with zero rows."""
+    2, 16]: d then m of the block's 16 rows), N padded with zero rows. Scales are float16 when
+    every code is in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks: linear.c's kind
+    4, 1.125 bytes a weight, whose decode rows look weights up in a table of 16), else float32
+    (kind 2, e.g. Q8_0 blocks); both give the same products."""
     n, k = codes.codes.shape
     rows = _padded(n)
     q = torch.zeros(rows, k, dtype=torch.int8)
@@ -305,6 +308,9 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     dm[0, :n], dm[1, :n] = codes.d, codes.m
     packed = _row_blocks(q, CODE_COLUMNS)
     scales = dm.view(2, -1, ROWS, k // CODE_COLUMNS).permute(1, 3, 0, 2).contiguous()
+    four_bit = bool(((codes.codes >= 0) & (codes.codes <= 15)).all())
+    if four_bit and torch.equal(scales.half().float(), scales):
+        return packed, scales.half()
     return packed, scales
 
 
@@ -371,9 +377,12 @@ def _product(
 
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
     """linear.c's kind of a packed weight: 3 = 8-bit codes times 8-bit activations (uint8,
-    `pack_codes_a8`), 2 = 8-bit codes (with scales), 1 = float16, 0 = float32."""
+    `pack_codes_a8`), 2 = 8-bit codes (with float32 scales), 4 = codes in 0..15 (with float16
+    scales, `pack_codes`), 1 = float16, 0 = float32."""
     if scales is not None:
-        return 3 if packed.dtype == torch.uint8 else 2
+        if packed.dtype == torch.uint8:
+            return 3
+        return 4 if scales.dtype == torch.float16 else 2
     return 1 if packed.dtype == torch.float16 else 0
 
 
