@@ -805,30 +805,19 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
 }
 
 /* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above. */
-/* Compiled once per scale width (half: kind 4's float16, else kind 2's float32). */
-AVX512 static void q8_avx512_f32(const float *x, const int8_t *codes, const void *scales,
-                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                 int64_t ldy, int threads) {
-  linear_q8_avx512(x, codes, scales, bias, y, T, N, K, ldy, threads, 0);
-}
+/* Compiled once per instruction set and scale width (half: kind 4's float16, else kind 2's
+ * float32), so the scale width is a constant inside. */
+#define Q8_ENTRY(TARGET, NAME, BODY, HALF)                                                   \
+  TARGET static void NAME(const float *x, const int8_t *codes, const void *scales,           \
+                          const float *bias, float *y, int64_t T, int64_t N, int64_t K,      \
+                          int64_t ldy, int threads) {                                        \
+    BODY(x, codes, scales, bias, y, T, N, K, ldy, threads, HALF);                            \
+  }
 
-AVX512 static void q8_avx512_f16(const float *x, const int8_t *codes, const void *scales,
-                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                 int64_t ldy, int threads) {
-  linear_q8_avx512(x, codes, scales, bias, y, T, N, K, ldy, threads, 1);
-}
-
-AVX2 static void q8_avx2_f32(const float *x, const int8_t *codes, const void *scales,
-                             const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                             int64_t ldy, int threads) {
-  linear_q8_avx2(x, codes, scales, bias, y, T, N, K, ldy, threads, 0);
-}
-
-AVX2 static void q8_avx2_f16(const float *x, const int8_t *codes, const void *scales,
-                             const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                             int64_t ldy, int threads) {
-  linear_q8_avx2(x, codes, scales, bias, y, T, N, K, ldy, threads, 1);
-}
+Q8_ENTRY(AVX512, q8_avx512_f32, linear_q8_avx512, 0)
+Q8_ENTRY(AVX512, q8_avx512_f16, linear_q8_avx512, 1)
+Q8_ENTRY(AVX2, q8_avx2_f32, linear_q8_avx2, 0)
+Q8_ENTRY(AVX2, q8_avx2_f16, linear_q8_avx2, 1)
 
 static void linear_q8(int isa, int half, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
