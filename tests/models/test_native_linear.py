@@ -219,19 +219,22 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("out", [37, 64])
-def test_four_bit_codes_give_the_float32_scales_products(out: int) -> None:
-    """Q4_1-like codes pack with float16 scales (kind 4, whose decode rows look weights up in a
-    table) and give, bit for bit, the products of the same codes with float32 scales (kind 2)
-    on every instruction set and for every row count; Q8_0-like codes keep float32 scales."""
-    codes = native_linear.affine_codes(gguf_like(out, 3, 7))
+@pytest.mark.parametrize("form", ["q4_1", "q8_0"])
+def test_float16_scales_give_the_float32_scales_products(form: str, out: int) -> None:
+    """Q4_1-like codes pack with float16 d and m (kind 4, whose decode rows look weights up in
+    a table), Q8_0-like codes with float16 d alone (kind 5); both give, bit for bit, the
+    products of the same codes with float32 d and m (kind 2) on every instruction set and for
+    every row count."""
+    g = torch.Generator().manual_seed(8)
+    w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
+    codes = native_linear.affine_codes(w)
     assert codes is not None
     packed, half = native_linear.pack_codes(codes)
-    assert half.dtype == torch.float16 and native_linear.kind_of(packed, half) == 4
-    full = half.float()
-    assert native_linear.kind_of(packed, full) == 2
-    q8 = native_linear.affine_codes(round_to_q8_0(torch.randn(out, 96)))
-    assert q8 is not None and native_linear.pack_codes(q8)[1].dtype == torch.float32
-    g = torch.Generator().manual_seed(8)
+    kind, rows_of_scales = (4, 2) if form == "q4_1" else (5, 1)
+    assert half.dtype == torch.float16 and half.shape[2] == rows_of_scales
+    assert native_linear.kind_of(packed, half) == kind
+    full = native_linear._codes_and_scales(codes)[1]
+    assert full.dtype == torch.float32 and native_linear.kind_of(packed, full) == 2
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
@@ -239,6 +242,8 @@ def test_four_bit_codes_give_the_float32_scales_products(out: int) -> None:
             got = native_linear._product(kernel, x[:rows], packed, bias, out, half)
             want = native_linear._product(kernel, x[:rows], packed, bias, out, full)
             assert torch.equal(got, want), (kernel.isa_name, rows)
+            expected = x[:rows].double() @ w.double().T + bias.double()
+            torch.testing.assert_close(got.double(), expected, atol=5e-5, rtol=0)
 
 
 def round_rows_like_the_kernel(x: torch.Tensor) -> torch.Tensor:

@@ -296,10 +296,26 @@ def _affine(weight: torch.Tensor, order: Sequence[int]) -> tuple[AffineCodes, in
 
 def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
-    2, 16]: d then m of the block's 16 rows), N padded with zero rows. Scales are float16 when
-    every code is in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks: linear.c's kind
-    4, 1.125 bytes a weight, whose decode rows look weights up in a table of 16), else float32
-    (kind 2, e.g. Q8_0 blocks); both give the same products."""
+    2, 16]: d then m of the block's 16 rows), N padded with zero rows, with scales in the
+    fewest bytes that hold them (every kind gives the same products):
+    - every code in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks): float16 d and
+      m, linear.c's kind 4 (1.125 bytes a weight; its decode rows look weights up in a table
+      of 16);
+    - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
+      [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
+    - else float32 d and m, kind 2."""
+    packed, scales = _codes_and_scales(codes)
+    if not torch.equal(scales.half().float(), scales):
+        return packed, scales
+    if bool(((codes.codes >= 0) & (codes.codes <= 15)).all()):
+        return packed, scales.half()
+    if not bool(scales[:, :, 1].any()):
+        return packed, scales[:, :, :1].half().contiguous()
+    return packed, scales
+
+
+def _codes_and_scales(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_codes' codes and its scales as float32 d and m."""
     n, k = codes.codes.shape
     rows = _padded(n)
     q = torch.zeros(rows, k, dtype=torch.int8)
@@ -308,9 +324,6 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     dm[0, :n], dm[1, :n] = codes.d, codes.m
     packed = _row_blocks(q, CODE_COLUMNS)
     scales = dm.view(2, -1, ROWS, k // CODE_COLUMNS).permute(1, 3, 0, 2).contiguous()
-    four_bit = bool(((codes.codes >= 0) & (codes.codes <= 15)).all())
-    if four_bit and torch.equal(scales.half().float(), scales):
-        return packed, scales.half()
     return packed, scales
 
 
@@ -318,10 +331,10 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     """AffineCodes -> linear.c's kind 3, whose products round x to 8-bit blocks (quantization
     "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
     W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
-    scales as `pack_codes` but in float16, which holds every d and m exactly (affine_codes
-    takes them from float16, as GGUF stores them): 1.125 bytes a weight instead of 1.25.
-    Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
-    packed, scales = pack_codes(codes)
+    scales d and m as `pack_codes` lays them out, in float16, which holds every d and m exactly
+    (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a weight instead
+    of 1.25. Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
+    packed, scales = _codes_and_scales(codes)
     half = scales.half()
     assert torch.equal(half.float(), scales), "affine codes' d and m are float16 values"
     blocks, chunks = packed.shape[:2]
@@ -377,12 +390,14 @@ def _product(
 
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
     """linear.c's kind of a packed weight: 3 = 8-bit codes times 8-bit activations (uint8,
-    `pack_codes_a8`), 2 = 8-bit codes (with float32 scales), 4 = codes in 0..15 (with float16
-    scales, `pack_codes`), 1 = float16, 0 = float32."""
+    `pack_codes_a8`), 2 = 8-bit codes with float32 d and m, 4 = codes in 0..15 with float16 d
+    and m, 5 = codes with float16 d alone (`pack_codes`), 1 = float16, 0 = float32."""
     if scales is not None:
         if packed.dtype == torch.uint8:
             return 3
-        return 4 if scales.dtype == torch.float16 else 2
+        if scales.dtype == torch.float16:
+            return 5 if scales.shape[2] == 1 else 4
+        return 2
     return 1 if packed.dtype == torch.float16 else 0
 
 

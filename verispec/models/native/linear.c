@@ -231,13 +231,14 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 #define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
 
 /* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks) and d, m stored as float16
- * (GGUF's own, so exactly): 1.125 bytes a weight instead of 1.25. Its weights are the same
- * values, built by the same fma(d, q, m) from the same d and m (converted to float32 once a
- * block), so every product gives kind 2's bits. With 4-bit codes one or two rows look each
- * weight up in a table of the 16 a chunk's row can take (lut16) instead of converting its code
- * (3 operations for 16 weights instead of 4); from 3 rows the rows share each conversion and
- * the table does not pay. SmolLM2 float32, against kind 2 in one process: decode -4% to -7%,
- * 2-row steps -6% to -12%, 3-8 rows -1%. */
+ * (GGUF's own, so exactly): 1.125 bytes a weight instead of 1.25. Kind 5 is kind 2 with every m
+ * 0 (GGUF Q8_0 blocks) and only d stored, as float16: 1.0625 bytes a weight. Their weights are
+ * the same values, built by the same fma(d, q, m) from the same d and m (converted to float32
+ * once a block, 0 for kind 5's m), so every product gives kind 2's bits. With 4-bit codes one
+ * or two rows look each weight up in a table of the 16 a chunk's row can take (lut16) instead
+ * of converting its code (3 operations for 16 weights instead of 4); from 3 rows the rows share
+ * each conversion and the table does not pay. SmolLM2 float32 (kind 4 layers), against kind 2
+ * in one process: decode -4% to -8%, 2-row steps -1% to -12%, 3-8 rows about the same. */
 
 AVX512 INLINE __m512 q16(const int8_t *q, __m512 d, __m512 m) {
   const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
@@ -312,26 +313,40 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
                  LUT)
 
-/* half: kind 4 (float16 scales, codes in 0..15), else kind 2. */
+/* A block's scales as float32 d and m (out [C][2][16]) from kind 4's float16 d and m
+ * (mode 1) or kind 5's float16 d (mode 2, m = 0); in: the block's scales as stored. */
+AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const int mode) {
+  for (int64_t c = 0; c < C; c++)
+    for (int h = 0; h < (mode == 1 ? 2 : 1); h++)
+      for (int i = 0; i < R; i += 8)
+        _mm256_storeu_ps(out + (2 * c + h) * R + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128(
+                             (const __m128i *)(in + (mode == 1 ? 2 : 1) * c * R + h * R + i))));
+  if (mode == 2)
+    for (int64_t c = 0; c < C; c++)
+      for (int i = 0; i < R; i += 8)
+        _mm256_storeu_ps(out + (2 * c + 1) * R + i, _mm256_setzero_ps());
+}
+
+/* mode: 0 = kind 2 (float32 d and m), 1 = kind 4 (float16 d and m, codes in 0..15),
+ * 2 = kind 5 (float16 d, m = 0). */
 AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const void *scales,
                                     const float *bias, float *y, int64_t T, int64_t N,
-                                    int64_t K, int64_t ldy, int threads, const int half) {
-  const int64_t size = half ? 2 : 4, C = K / QC, line = 2 * R * size; /* a chunk's bytes */
+                                    int64_t K, int64_t ldy, int threads, const int mode) {
+  const int half = mode == 1; /* 4-bit codes: one or two rows look weights up */
+  const int64_t C = K / QC, line = mode == 0 ? 2 * R * 4 : mode == 1 ? 2 * R * 2 : R * 2;
   const int64_t blocks = (N + R - 1) / R;
 #pragma omp parallel num_threads(threads)
   {
     float *scratch = T >= UNPACK_ROWS ? malloc(sizeof(float) * R * K) : NULL;
-    float *converted = half ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
+    float *converted = mode ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
       const int8_t *cb = codes + b * R * K;
-      const char *sb = (const char *)scales + b * 2 * R * C * size;
+      const char *sb = (const char *)scales + b * C * line;
       const float *sf = (const float *)sb;
-      if (half) { /* float16 d and m to float32 once a block, 16 at a time */
-        const uint16_t *h = (const uint16_t *)sb;
-        for (int64_t i = 0; i < 2 * C; i++)
-          _mm512_storeu_ps(converted + i * R,
-                           _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i * R))));
+      if (mode) { /* float16 scales to float32 once a block */
+        widen_scales((const uint16_t *)sb, converted, C, mode);
         sf = converted;
       }
       const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
@@ -352,7 +367,7 @@ AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const v
        * than four tiles of 4; 4 rows so ran 28% slower). */
       int64_t t0 = T % 4 == 1 ? 1 : 0;
       const int8_t *next = b + 1 < blocks ? cb + R * K : NULL;
-      const char *next_scales = sb + 2 * R * C * size;
+      const char *next_scales = sb + C * line;
       if (T == 2 || T == 3) {
         for (int g = 0; g < R; g += 8, next = NULL) {
           if (T == 2 && half) Q8_TILE(0, 8, 2, 1);
@@ -426,21 +441,17 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
 
 AVX2 INLINE void linear_q8_avx2(const float *x, const int8_t *codes, const void *scales,
                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                int64_t ldy, int threads, const int half) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC;
+                                int64_t ldy, int threads, const int mode) {
+  const int64_t blocks = (N + R - 1) / R, C = K / QC, per_chunk = mode == 2 ? R : 2 * R;
 #pragma omp parallel num_threads(threads)
   {
-    float *converted = half ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
+    float *converted = mode ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
       const int8_t *cb = codes + b * R * K;
-      const float *sb = half ? converted : (const float *)scales + b * 2 * R * C;
-      if (half) { /* float16 d and m to float32 once a block, 8 at a time */
-        const uint16_t *h = (const uint16_t *)scales + b * 2 * R * C;
-        for (int64_t i = 0; i < 2 * R * C; i += 8)
-          _mm256_storeu_ps(converted + i,
-                           _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-      }
+      const float *sb = mode ? converted : (const float *)scales + b * 2 * R * C;
+      if (mode) /* float16 scales to float32 once a block */
+        widen_scales((const uint16_t *)scales + b * per_chunk * C, converted, C, mode);
       const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
       for (int g = 0; g < R; g += 4)
         tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1);
@@ -805,8 +816,8 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
 }
 
 /* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above. */
-/* Compiled once per instruction set and scale width (half: kind 4's float16, else kind 2's
- * float32), so the scale width is a constant inside. */
+/* Compiled once per instruction set and scale mode (linear_q8_avx512's), so the mode is a
+ * constant inside. */
 #define Q8_ENTRY(TARGET, NAME, BODY, HALF)                                                   \
   TARGET static void NAME(const float *x, const int8_t *codes, const void *scales,           \
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,      \
@@ -816,16 +827,18 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
 
 Q8_ENTRY(AVX512, q8_avx512_f32, linear_q8_avx512, 0)
 Q8_ENTRY(AVX512, q8_avx512_f16, linear_q8_avx512, 1)
+Q8_ENTRY(AVX512, q8_avx512_d16, linear_q8_avx512, 2)
 Q8_ENTRY(AVX2, q8_avx2_f32, linear_q8_avx2, 0)
 Q8_ENTRY(AVX2, q8_avx2_f16, linear_q8_avx2, 1)
+Q8_ENTRY(AVX2, q8_avx2_d16, linear_q8_avx2, 2)
 
-static void linear_q8(int isa, int half, const float *x, const int8_t *codes,
+static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
-  if (isa == 2 && half) q8_avx512_f16(x, codes, scales, bias, y, T, N, K, ldy, threads);
-  else if (isa == 2) q8_avx512_f32(x, codes, scales, bias, y, T, N, K, ldy, threads);
-  else if (half) q8_avx2_f16(x, codes, scales, bias, y, T, N, K, ldy, threads);
-  else q8_avx2_f32(x, codes, scales, bias, y, T, N, K, ldy, threads);
+  static void (*const entries[2][3])(const float *, const int8_t *, const void *, const float *,
+                                     float *, int64_t, int64_t, int64_t, int64_t, int) = {
+      {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16}, {q8_avx512_f32, q8_avx512_f16, q8_avx512_d16}};
+  entries[isa == 2][mode](x, codes, scales, bias, y, T, N, K, ldy, threads);
 }
 
 #define CHUNK_ROWS 128 /* rows of x per pass: every block re-reads them, so they stay in cache */
@@ -833,7 +846,8 @@ static void linear_q8(int isa, int half, const float *x, const int8_t *codes,
 /* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so
  * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales,
  * 3 = 8-bit codes (kind 3's layout, float16 scales) times x rounded to 8-bit blocks, 4 = kind
- * 2 with codes in 0..15 and float16 scales (the same products). */
+ * 2 with codes in 0..15 and float16 scales, 5 = kind 2 with m = 0 and float16 d (the same
+ * products as kind 2). */
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
@@ -841,8 +855,9 @@ void verispec_linear(int isa, int kind, const float *x, const void *w, const flo
     if (kind == 3)
       linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
                 threads);
-    else if (kind == 2 || kind == 4)
-      linear_q8(isa, kind == 4, x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
+    else if (kind == 2 || kind == 4 || kind == 5)
+      linear_q8(isa, kind == 2 ? 0 : kind - 3, x + t * K, w, scales, bias, y + t * N, n, N, K, N,
+                threads);
     else if (kind == 1)
       linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
     else
