@@ -818,11 +818,11 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
 /* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above. */
 /* Compiled once per instruction set and scale mode (linear_q8_avx512's), so the mode is a
  * constant inside. */
-#define Q8_ENTRY(TARGET, NAME, BODY, HALF)                                                   \
+#define Q8_ENTRY(TARGET, NAME, BODY, MODE)                                                   \
   TARGET static void NAME(const float *x, const int8_t *codes, const void *scales,           \
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,      \
                           int64_t ldy, int threads) {                                        \
-    BODY(x, codes, scales, bias, y, T, N, K, ldy, threads, HALF);                            \
+    BODY(x, codes, scales, bias, y, T, N, K, ldy, threads, MODE);                            \
   }
 
 Q8_ENTRY(AVX512, q8_avx512_f32, linear_q8_avx512, 0)
