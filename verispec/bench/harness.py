@@ -335,9 +335,9 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
         rounds_drafts = getattr(cls, "rounds_drafts", False)
         rounds = {"draft_quantization": config.draft_quantization} if rounds_drafts else {}
         if any(takes_draft(s.method) for s in specs):
-            alone = {"alone": True} if rounds_drafts else {}
+            alone = {**rounds, "alone": True} if rounds_drafts else {}
             engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype,
-                                              **rounds, **alone)  # fmt: skip
+                                              **alone)  # fmt: skip
         for spec in specs:
             draft = config.heads[spec.method] if takes_head(spec.method) else config.draft
             engine = engines[(name, spec)] = cls(config.target, draft, spec, config.dtype, **rounds)

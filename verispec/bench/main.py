@@ -184,9 +184,8 @@ def _version(package: str) -> str | None:
 def _settings_line(info: dict[str, Any]) -> str:
     """One line of the settings; the heads (e.g. `eagle=DIR`) and tree shapes when any ran."""
     keys = ("target", "draft", "draft_quantization", "engines", "workloads", "dtype", "threads",
-            "plan", "prompts",
-            "max_tokens", "repeats", "top_p", "prefix_caching", "cpu", "torch", "transformers",
-            "llama_cpp_python", "load_average_before")  # fmt: skip
+            "plan", "prompts", "max_tokens", "repeats", "top_p", "prefix_caching", "cpu", "torch",
+            "transformers", "llama_cpp_python", "load_average_before")  # fmt: skip
     items = [f"{k}={info.get(k)}" for k in keys]
     heads = [f"{m}={path}" for m, path in info.get("heads", {}).items()]
     if info.get("trees"):

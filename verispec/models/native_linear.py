@@ -305,12 +305,13 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
       [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
     - else float32 d and m, kind 2."""
     packed, scales = _codes_and_scales(codes)
-    if not torch.equal(scales.half().float(), scales):
+    half = scales.half()
+    if not torch.equal(half.float(), scales):
         return packed, scales
     if bool(((codes.codes >= 0) & (codes.codes <= 15)).all()):
-        return packed, scales.half()
+        return packed, half
     if not bool(scales[:, :, 1].any()):
-        return packed, scales[:, :, :1].half().contiguous()
+        return packed, half[:, :, :1].contiguous()
     return packed, scales
 
 

@@ -313,19 +313,22 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
                  LUT)
 
-/* A block's scales as float32 d and m (out [C][2][16]) from kind 4's float16 d and m
- * (mode 1) or kind 5's float16 d (mode 2, m = 0); in: the block's scales as stored. */
+/* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
+ * and m (mode 1), kind 5's float16 d (mode 2). */
+INLINE int64_t chunk_scale_bytes(const int mode) {
+  return mode == 0 ? 2 * R * 4 : mode == 1 ? 2 * R * 2 : R * 2;
+}
+
+/* A block's float16 scales (mode 1 or 2, as stored at in) as float32 d and m (out [C][2][16]),
+ * kind 5's m being 0. */
 AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const int mode) {
+  const int64_t stored = chunk_scale_bytes(mode) / 2; /* float16 values a chunk */
   for (int64_t c = 0; c < C; c++)
-    for (int h = 0; h < (mode == 1 ? 2 : 1); h++)
-      for (int i = 0; i < R; i += 8)
-        _mm256_storeu_ps(out + (2 * c + h) * R + i,
-                         _mm256_cvtph_ps(_mm_loadu_si128(
-                             (const __m128i *)(in + (mode == 1 ? 2 : 1) * c * R + h * R + i))));
-  if (mode == 2)
-    for (int64_t c = 0; c < C; c++)
-      for (int i = 0; i < R; i += 8)
-        _mm256_storeu_ps(out + (2 * c + 1) * R + i, _mm256_setzero_ps());
+    for (int64_t i = 0; i < 2 * R; i += 8)
+      _mm256_storeu_ps(out + 2 * R * c + i,
+                       i < stored ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                        (const __m128i *)(in + stored * c + i)))
+                                  : _mm256_setzero_ps());
 }
 
 /* mode: 0 = kind 2 (float32 d and m), 1 = kind 4 (float16 d and m, codes in 0..15),
@@ -333,8 +336,8 @@ AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const i
 AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const void *scales,
                                     const float *bias, float *y, int64_t T, int64_t N,
                                     int64_t K, int64_t ldy, int threads, const int mode) {
-  const int half = mode == 1; /* 4-bit codes: one or two rows look weights up */
-  const int64_t C = K / QC, line = mode == 0 ? 2 * R * 4 : mode == 1 ? 2 * R * 2 : R * 2;
+  const int lut = mode == 1; /* 4-bit codes: one or two rows look weights up */
+  const int64_t C = K / QC, line = chunk_scale_bytes(mode);
   const int64_t blocks = (N + R - 1) / R;
 #pragma omp parallel num_threads(threads)
   {
@@ -370,7 +373,7 @@ AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const v
       const char *next_scales = sb + C * line;
       if (T == 2 || T == 3) {
         for (int g = 0; g < R; g += 8, next = NULL) {
-          if (T == 2 && half) Q8_TILE(0, 8, 2, 1);
+          if (T == 2 && lut) Q8_TILE(0, 8, 2, 1);
           else if (T == 2) Q8_TILE(0, 8, 2, 0);
           else Q8_TILE(0, 8, 3, 0);
         }
@@ -378,7 +381,7 @@ AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const v
       }
       if (t0) {
         int g = 0;
-        if (half && T == 1) Q8_TILE(0, 16, 1, 1);
+        if (lut && T == 1) Q8_TILE(0, 16, 1, 1);
         else Q8_TILE(0, 16, 1, 0);
         next = NULL;
       }
@@ -442,7 +445,7 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
 AVX2 INLINE void linear_q8_avx2(const float *x, const int8_t *codes, const void *scales,
                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                 int64_t ldy, int threads, const int mode) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC, per_chunk = mode == 2 ? R : 2 * R;
+  const int64_t blocks = (N + R - 1) / R, C = K / QC, line = chunk_scale_bytes(mode);
 #pragma omp parallel num_threads(threads)
   {
     float *converted = mode ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
@@ -451,7 +454,7 @@ AVX2 INLINE void linear_q8_avx2(const float *x, const int8_t *codes, const void 
       const int8_t *cb = codes + b * R * K;
       const float *sb = mode ? converted : (const float *)scales + b * 2 * R * C;
       if (mode) /* float16 scales to float32 once a block */
-        widen_scales((const uint16_t *)scales + b * per_chunk * C, converted, C, mode);
+        widen_scales((const uint16_t *)((const char *)scales + b * C * line), converted, C, mode);
       const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
       for (int g = 0; g < R; g += 4)
         tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1);
