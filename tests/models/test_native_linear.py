@@ -200,7 +200,8 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     w = gguf_like(37, 3, 2)
     bias = torch.randn(37)
     linear = Linear(w, bias, "native")
-    assert linear.weight.dtype == torch.int8 and linear.native_scales is not None
+    assert linear.native_scales is not None
+    assert native_linear.kind_of(linear.weight, linear.native_scales) == 4  # two codes a byte
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
     packed, scales = linear.weight, linear.native_scales
@@ -221,10 +222,10 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
 @pytest.mark.parametrize("out", [37, 64])
 @pytest.mark.parametrize("form", ["q4_1", "q8_0"])
 def test_float16_scales_give_the_float32_scales_products(form: str, out: int) -> None:
-    """Q4_1-like codes pack with float16 d and m (kind 4, whose decode rows look weights up in
-    a table), Q8_0-like codes with float16 d alone (kind 5); both give, bit for bit, the
-    products of the same codes with float32 d and m (kind 2) on every instruction set and for
-    every row count."""
+    """Q4_1-like codes pack two a byte with float16 d and m (kind 4, whose decode rows look
+    weights up in a table), Q8_0-like codes with float16 d alone (kind 5); both give, bit for
+    bit, the products of the same codes a byte each with float32 d and m (kind 2) on every
+    instruction set and for every row count."""
     g = torch.Generator().manual_seed(8)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
     codes = native_linear.affine_codes(w)
@@ -233,14 +234,15 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     kind, rows_of_scales = (4, 2) if form == "q4_1" else (5, 1)
     assert half.dtype == torch.float16 and half.shape[2] == rows_of_scales
     assert native_linear.kind_of(packed, half) == kind
-    full = native_linear._codes_and_scales(codes)[1]
-    assert full.dtype == torch.float32 and native_linear.kind_of(packed, full) == 2
+    bytes_each, full = native_linear._codes_and_scales(codes)
+    assert full.dtype == torch.float32 and native_linear.kind_of(bytes_each, full) == 2
+    assert packed.numel() == bytes_each.numel() // (2 if form == "q4_1" else 1)
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 40):
             got = native_linear._product(kernel, x[:rows], packed, bias, out, half)
-            want = native_linear._product(kernel, x[:rows], packed, bias, out, full)
+            want = native_linear._product(kernel, x[:rows], bytes_each, bias, out, full)
             assert torch.equal(got, want), (kernel.isa_name, rows)
             expected = x[:rows].double() @ w.double().T + bias.double()
             torch.testing.assert_close(got.double(), expected, atol=5e-5, rtol=0)

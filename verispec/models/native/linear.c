@@ -230,8 +230,10 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 #define QC 32 /* columns per chunk */
 #define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
 
-/* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks) and d, m stored as float16
- * (GGUF's own, so exactly): 1.125 bytes a weight instead of 1.25. Kind 5 is kind 2 with every m
+/* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks), two codes a byte, and d, m
+ * stored as float16 (GGUF's own, so exactly): 0.625 bytes a weight instead of 1.25. A chunk's
+ * row is 16 bytes, column l in the low 4 bits of byte l and column 16 + l in the high 4 bits
+ * (GGUF's own order): codes[b][c][j][l] for l < 16. Kind 5 is kind 2 with every m
  * 0 (GGUF Q8_0 blocks) and only d stored, as float16: 1.0625 bytes a weight. Their weights are
  * the same values, built by the same fma(d, q, m) from the same d and m (converted to float32
  * once a block, 0 for kind 5's m), so every product gives kind 2's bits. With 4-bit codes one
@@ -240,34 +242,42 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
  * each conversion and the table does not pay. SmolLM2 float32 (kind 4 layers), against kind 2
  * in one process: decode -4% to -8%, 2-row steps -1% to -12%, 3-8 rows about the same. */
 
-AVX512 INLINE __m512 q16(const int8_t *q, __m512 d, __m512 m) {
-  const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-  return _mm512_fmadd_ps(d, qf, m);
+/* The codes of columns 16 h .. 16 h + 15 of the chunk's row at q, a byte each: as stored, or
+ * (nib, kind 4) from the row's 16 bytes of two codes. */
+AVX512 INLINE __m128i codes16(const int8_t *q, const int h, const int nib) {
+  if (!nib) return _mm_loadu_si128((const __m128i *)(q + 16 * h));
+  const __m128i v = _mm_loadu_si128((const __m128i *)q);
+  return _mm_and_si128(h ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F));
+}
+
+AVX512 INLINE __m512 q16(const __m128i q, __m512 d, __m512 m) {
+  return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), m);
 }
 
 /* The weights of 16 codes in 0..15 from the table of fma(d, i, m), i = 0..15: q16's values. */
-AVX512 INLINE __m512 lut16(const int8_t *q, __m512 table) {
-  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), table);
+AVX512 INLINE __m512 lut16(const __m128i q, __m512 table) {
+  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
 }
 
 /* sb: the block's scales as float32; next_scales: the next block's as stored, line bytes a
- * chunk; lut: look the weights up (codes in 0..15). */
+ * chunk; nib: kind 4's codes, two a byte (one or two rows look their weights up). */
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
                                   const int G, const int TN, const int8_t *next,
-                                  const char *next_scales, const int64_t line, const int lut) {
+                                  const char *next_scales, const int64_t line, const int nib) {
+  const int RB = nib ? QC / 2 : QC; /* bytes of a chunk's row */
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[16][4];
   _Pragma("GCC unroll 16") for (int j = 0; j < G; j++)
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc[j][i] = _mm512_setzero_ps();
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
-    const int8_t *qc = cb + c * R * QC;
+    const int8_t *qc = cb + c * R * RB;
     const float *sc = sb + c * 2 * R;
     if (next) { /* the next block's chunk c into L2, while this one computes from cache */
-      _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
-        _mm_prefetch((const char *)(next + c * R * QC + l), _MM_HINT_T1);
+      _Pragma("GCC unroll 8") for (int l = 0; l < R * RB; l += 64)
+        _mm_prefetch((const char *)(next + c * R * RB + l), _MM_HINT_T1);
       for (int64_t l = 0; l < line; l += 64)
         _mm_prefetch(next_scales + c * line + l, _MM_HINT_T1);
     }
@@ -278,13 +288,14 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
       const __m512 d = _mm512_set1_ps(sc[g + j]), m = _mm512_set1_ps(sc[R + g + j]);
-      const int8_t *q = qc + (g + j) * QC;
+      const int8_t *q = qc + (g + j) * RB;
+      const __m128i q0 = codes16(q, 0, nib), q1 = codes16(q, 1, nib);
       __m512 w0, w1;
-      if (lut) {
+      if (nib && TN <= 2) {
         const __m512 table = _mm512_fmadd_ps(d, iota, m);
-        w0 = lut16(q, table), w1 = lut16(q + 16, table);
+        w0 = lut16(q0, table), w1 = lut16(q1, table);
       } else {
-        w0 = q16(q, d, m), w1 = q16(q + 16, d, m);
+        w0 = q16(q0, d, m), w1 = q16(q1, d, m);
       }
       _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
         acc[j][i] = _mm512_fmadd_ps(w0, x0[i], acc[j][i]);
@@ -298,20 +309,22 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
 /* A block's codes as float32 in the float32 packed layout: the very values the code tiles
  * compute, so the float32 block routine gives every row exactly what they would. Pays for
  * prefill-sized calls (the conversion is shared by all rows), not for verify-sized ones. */
-AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *out, int64_t K) {
+AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *out, int64_t K,
+                                    const int nib) {
+  const int RB = nib ? QC / 2 : QC;
   for (int64_t c = 0; c < K / QC; c++)
     for (int j = 0; j < R; j++) {
       const __m512 d = _mm512_set1_ps(sb[c * 2 * R + j]);
       const __m512 m = _mm512_set1_ps(sb[c * 2 * R + R + j]);
-      const int8_t *q = cb + c * R * QC + j * QC;
-      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(q, d, m));
-      _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R, q16(q + 16, d, m));
+      const int8_t *q = cb + c * R * RB + j * RB;
+      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(codes16(q, 0, nib), d, m));
+      _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R, q16(codes16(q, 1, nib), d, m));
     }
 }
 
-#define Q8_TILE(T0, G, TN, LUT)                                                          \
+#define Q8_TILE(T0, G, TN, NIB)                                                          \
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
-                 LUT)
+                 NIB)
 
 /* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
  * and m (mode 1), kind 5's float16 d (mode 2). */
@@ -331,98 +344,92 @@ AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const i
                                   : _mm256_setzero_ps());
 }
 
-/* mode: 0 = kind 2 (float32 d and m), 1 = kind 4 (float16 d and m, codes in 0..15),
- * 2 = kind 5 (float16 d, m = 0). */
-AVX512 INLINE void linear_q8_avx512(const float *x, const int8_t *codes, const void *scales,
-                                    const float *bias, float *y, int64_t T, int64_t N,
-                                    int64_t K, int64_t ldy, int threads, const int mode) {
-  const int lut = mode == 1; /* 4-bit codes: one or two rows look weights up */
-  const int64_t C = K / QC, line = chunk_scale_bytes(mode);
+/* Block b of a product over codes (mode: 0 = kind 2, float32 d and m; 1 = kind 4, float16 d
+ * and m, two codes in 0..15 a byte; 2 = kind 5, float16 d, m = 0). converted: room for a
+ * block's scales as float32 (mode 1 and 2); scratch: room for a block as float32, for calls of
+ * UNPACK_ROWS rows or more. */
+AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const void *scales,
+                                   const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                                   int64_t ldy, int64_t b, float *converted, float *scratch,
+                                   const int mode) {
+  const int nib = mode == 1; /* kind 4: two codes a byte */
+  const int64_t C = K / QC, line = chunk_scale_bytes(mode), block_bytes = nib ? R * K / 2 : R * K;
   const int64_t blocks = (N + R - 1) / R;
-#pragma omp parallel num_threads(threads)
-  {
-    float *scratch = T >= UNPACK_ROWS ? malloc(sizeof(float) * R * K) : NULL;
-    float *converted = mode ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-      const int8_t *cb = codes + b * R * K;
-      const char *sb = (const char *)scales + b * C * line;
-      const float *sf = (const float *)sb;
-      if (mode) { /* float16 scales to float32 once a block */
-        widen_scales((const uint16_t *)sb, converted, C, mode);
-        sf = converted;
-      }
-      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-      if (scratch) {
-        unpack_q8_avx512(cb, sf, scratch, K);
-        block_f32_avx512(x, scratch, bias, y, T, K, ldy, n0, rows);
-        continue;
-      }
-      /* One row streams the block against all 16 weight rows at once. Other rows go in tiles
-       * of 4 weight rows by up to 4 rows of x, from cache, each weight converted once per
-       * tile: all rows when T is 4 n + 2, 3 or 4 (8 rows: two tiles, where a first-row pass
-       * would leave three), the rows after such a pass when T is 4 n + 1 (5: pass + one tile,
-       * measured 6% faster than tiles of 4 and 1). The first pass or tile asks for the next
-       * block (schedule(static) gives a thread consecutive blocks) while it and the others
-       * compute: the conversions of a decode row cost as much as its stream, and without the
-       * prefetch a SmolLM2 decode step ran 6% longer. 2 or 3 rows go in two tiles of 8
-       * weight rows, each weight converted once (over SmolLM2's products 21% and 16% faster
-       * than four tiles of 4; 4 rows so ran 28% slower). */
-      int64_t t0 = T % 4 == 1 ? 1 : 0;
-      const int8_t *next = b + 1 < blocks ? cb + R * K : NULL;
-      const char *next_scales = sb + C * line;
-      if (T == 2 || T == 3) {
-        for (int g = 0; g < R; g += 8, next = NULL) {
-          if (T == 2 && lut) Q8_TILE(0, 8, 2, 1);
-          else if (T == 2) Q8_TILE(0, 8, 2, 0);
-          else Q8_TILE(0, 8, 3, 0);
-        }
-        continue;
-      }
-      if (t0) {
-        int g = 0;
-        if (lut && T == 1) Q8_TILE(0, 16, 1, 1);
-        else Q8_TILE(0, 16, 1, 0);
-        next = NULL;
-      }
-      for (int g = 0; g < R; g += 4, next = NULL) {
-        int64_t t = t0;
-        for (; t + 4 <= T; t += 4, next = NULL) Q8_TILE(t, 4, 4, 0);
-        switch (T - t) {
-          case 3: Q8_TILE(t, 4, 3, 0); break;
-          case 2: Q8_TILE(t, 4, 2, 0); break;
-          case 1: Q8_TILE(t, 4, 1, 0); break;
-          default: break;
-        }
-      }
+  const int8_t *cb = codes + b * block_bytes;
+  const char *sb = (const char *)scales + b * C * line;
+  const float *sf = (const float *)sb;
+  if (mode) { /* float16 scales to float32 once a block */
+    widen_scales((const uint16_t *)sb, converted, C, mode);
+    sf = converted;
+  }
+  const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+  if (scratch) {
+    unpack_q8_avx512(cb, sf, scratch, K, nib);
+    block_f32_avx512(x, scratch, bias, y, T, K, ldy, n0, rows);
+    return;
+  }
+  /* One row streams the block against all 16 weight rows at once. Other rows go in tiles
+   * of 4 weight rows by up to 4 rows of x, from cache, each weight converted once per
+   * tile: all rows when T is 4 n + 2, 3 or 4 (8 rows: two tiles, where a first-row pass
+   * would leave three), the rows after such a pass when T is 4 n + 1 (5: pass + one tile,
+   * measured 6% faster than tiles of 4 and 1). The first pass or tile asks for the next
+   * block (schedule(static) gives a thread consecutive blocks) while it and the others
+   * compute: the conversions of a decode row cost as much as its stream, and without the
+   * prefetch a SmolLM2 decode step ran 6% longer. 2 or 3 rows go in two tiles of 8
+   * weight rows, each weight converted once (over SmolLM2's products 21% and 16% faster
+   * than four tiles of 4; 4 rows so ran 28% slower). */
+  int64_t t0 = T % 4 == 1 ? 1 : 0;
+  const int8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
+  const char *next_scales = sb + C * line;
+  if (T == 2 || T == 3) {
+    for (int g = 0; g < R; g += 8, next = NULL) {
+      if (T == 2) Q8_TILE(0, 8, 2, nib);
+      else Q8_TILE(0, 8, 3, nib);
     }
-    free(converted);
-    free(scratch);
+    return;
+  }
+  if (t0) {
+    int g = 0;
+    Q8_TILE(0, 16, 1, nib);
+    next = NULL;
+  }
+  for (int g = 0; g < R; g += 4, next = NULL) {
+    int64_t t = t0;
+    for (; t + 4 <= T; t += 4, next = NULL) Q8_TILE(t, 4, 4, nib);
+    switch (T - t) {
+      case 3: Q8_TILE(t, 4, 3, nib); break;
+      case 2: Q8_TILE(t, 4, 2, nib); break;
+      case 1: Q8_TILE(t, 4, 1, nib); break;
+      default: break;
+    }
   }
 }
 
-AVX2 INLINE __m256 q8x8(const int8_t *q, __m256 d, __m256 m) {
-  const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-  return _mm256_fmadd_ps(d, qf, m);
+/* The weights of columns 8 p .. 8 p + 7 of the chunk's row at q (nib: kind 4's 4-bit codes). */
+AVX2 INLINE __m256 q8x8(const int8_t *q, const int p, __m256 d, __m256 m, const int nib) {
+  __m128i v = _mm_loadl_epi64((const __m128i *)(q + (nib ? 8 * (p % 2) : 8 * p)));
+  if (nib) v = _mm_and_si128(p >= 2 ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F));
+  return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), m);
 }
 
 /* AVX2: per chunk, its four 8-column pieces in order; even pieces add into lo, odd into hi. */
 AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int g, const int G,
-                              const int TN) {
+                              const int TN, const int nib) {
+  const int RB = nib ? QC / 2 : QC;
   __m256 lo[4][2], hi[4][2];
   _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
     _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) lo[j][i] = hi[j][i] = _mm256_setzero_ps();
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
-    const int8_t *qc = cb + c * R * QC;
+    const int8_t *qc = cb + c * R * RB;
     const float *sc = sb + c * 2 * R;
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
       __m256 w[4];
       _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
-        w[j] = q8x8(qc + (g + j) * QC + 8 * p, _mm256_set1_ps(sc[g + j]),
-                    _mm256_set1_ps(sc[R + g + j]));
+        w[j] = q8x8(qc + (g + j) * RB, p, _mm256_set1_ps(sc[g + j]),
+                    _mm256_set1_ps(sc[R + g + j]), nib);
       _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {
         const __m256 xv = _mm256_loadu_ps(x + (t0 + i) * K + c * QC + 8 * p);
         _Pragma("GCC unroll 4") for (int j = 0; j < G; j++) {
@@ -442,30 +449,26 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
   }
 }
 
-AVX2 INLINE void linear_q8_avx2(const float *x, const int8_t *codes, const void *scales,
-                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                int64_t ldy, int threads, const int mode) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC, line = chunk_scale_bytes(mode);
-#pragma omp parallel num_threads(threads)
-  {
-    float *converted = mode ? malloc(sizeof(float) * 2 * R * C) : NULL; /* a block's scales */
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-      const int8_t *cb = codes + b * R * K;
-      const float *sb = mode ? converted : (const float *)scales + b * 2 * R * C;
-      if (mode) /* float16 scales to float32 once a block */
-        widen_scales((const uint16_t *)((const char *)scales + b * C * line), converted, C, mode);
-      const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-      for (int g = 0; g < R; g += 4)
-        tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1);
-      for (int g = 0; g < R; g += 2) {
-        int64_t t0 = 1;
-        for (; t0 + 2 <= T; t0 += 2)
-          tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 2);
-        if (t0 < T) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 1);
-      }
-    }
-    free(converted);
+/* Block b as block_q8_avx512 computes it (no scratch: AVX2 calls convert per tile). */
+AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *scales,
+                               const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                               int64_t ldy, int64_t b, float *converted, float *scratch,
+                               const int mode) {
+  (void)scratch;
+  const int64_t C = K / QC, line = chunk_scale_bytes(mode);
+  const int nib = mode == 1; /* kind 4: two codes a byte */
+  const int8_t *cb = codes + b * (nib ? R * K / 2 : R * K);
+  const float *sb = mode ? converted : (const float *)scales + b * 2 * R * C;
+  if (mode) /* float16 scales to float32 once a block */
+    widen_scales((const uint16_t *)((const char *)scales + b * C * line), converted, C, mode);
+  const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+  for (int g = 0; g < R; g += 4)
+    tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1, nib);
+  for (int g = 0; g < R; g += 2) {
+    int64_t t0 = 1;
+    for (; t0 + 2 <= T; t0 += 2)
+      tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 2, nib);
+    if (t0 < T) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 1, nib);
   }
 }
 
@@ -818,22 +821,31 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
   else linear_f16_avx2(x, w, bias, y, T, N, K, ldy, threads);
 }
 
-/* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above. */
-/* Compiled once per instruction set and scale mode (linear_q8_avx512's), so the mode is a
- * constant inside. */
-#define Q8_ENTRY(TARGET, NAME, BODY, MODE)                                                   \
+/* x [T, K] float32 (K a multiple of 32), codes and scales laid out as above: the blocks shared
+ * out over the threads. One function per instruction set and scale mode, each with its own
+ * parallel loop: OpenMP outlines a loop's body into a function of its own, so the mode must be
+ * a constant where the loop is written for the body to be compiled for it. */
+#define Q8_ENTRY(TARGET, NAME, BLOCK, MODE, UNPACK)                                          \
   TARGET static void NAME(const float *x, const int8_t *codes, const void *scales,           \
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,      \
                           int64_t ldy, int threads) {                                        \
-    BODY(x, codes, scales, bias, y, T, N, K, ldy, threads, MODE);                            \
+    const int64_t blocks = (N + R - 1) / R;                                                  \
+    _Pragma("omp parallel num_threads(threads)") {                                           \
+      float *converted = MODE ? malloc(sizeof(float) * 2 * R * (K / QC)) : NULL;             \
+      float *scratch = UNPACK && T >= UNPACK ? malloc(sizeof(float) * R * K) : NULL;         \
+      _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++)               \
+        BLOCK(x, codes, scales, bias, y, T, N, K, ldy, b, converted, scratch, MODE);         \
+      free(converted);                                                                       \
+      free(scratch);                                                                         \
+    }                                                                                        \
   }
 
-Q8_ENTRY(AVX512, q8_avx512_f32, linear_q8_avx512, 0)
-Q8_ENTRY(AVX512, q8_avx512_f16, linear_q8_avx512, 1)
-Q8_ENTRY(AVX512, q8_avx512_d16, linear_q8_avx512, 2)
-Q8_ENTRY(AVX2, q8_avx2_f32, linear_q8_avx2, 0)
-Q8_ENTRY(AVX2, q8_avx2_f16, linear_q8_avx2, 1)
-Q8_ENTRY(AVX2, q8_avx2_d16, linear_q8_avx2, 2)
+Q8_ENTRY(AVX512, q8_avx512_f32, block_q8_avx512, 0, UNPACK_ROWS)
+Q8_ENTRY(AVX512, q8_avx512_f16, block_q8_avx512, 1, UNPACK_ROWS)
+Q8_ENTRY(AVX512, q8_avx512_d16, block_q8_avx512, 2, UNPACK_ROWS)
+Q8_ENTRY(AVX2, q8_avx2_f32, block_q8_avx2, 0, 0)
+Q8_ENTRY(AVX2, q8_avx2_f16, block_q8_avx2, 1, 0)
+Q8_ENTRY(AVX2, q8_avx2_d16, block_q8_avx2, 2, 0)
 
 static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
