@@ -218,6 +218,31 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
 
 
+def test_4_bit_codes_layout() -> None:
+    """Kind 4 packs two codes a byte, lane l of vector v holding columns l and 16 + l of rows
+    4 v .. 4 v + 3: the worked example of pack_codes' docstring, then every code of a random
+    weight found where the layout says."""
+    codes = torch.zeros(6, 32, dtype=torch.int8)
+    codes[5, 0], codes[5, 16] = 1, 2
+    ones = torch.ones(6, 1)
+    packed, half = native_linear.pack_codes(native_linear.AffineCodes(codes, ones, 0 * ones))
+    assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
+    assert packed[0, 0, 1, 0, 1] == 0x21 and int(packed.sum()) == 0x21
+    assert native_linear.kind_of(packed, half) == 4
+    w = gguf_like(37, 3, 5)
+    codes_of = native_linear.affine_codes(w)
+    assert codes_of is not None
+    packed, _ = native_linear.pack_codes(codes_of)
+    b, c, v, lane, r, high = torch.meshgrid(
+        *(torch.arange(n) for n in (3, 3, 4, 16, 4, 2)), indexing="ij"
+    )
+    row, col = 16 * b + 4 * v + r, 32 * c + lane + 16 * high
+    nibble = (packed[b, c, v, lane, r].int() >> (4 * high)) & 15
+    inside = row < 37
+    assert torch.equal(nibble[inside], codes_of.codes[row[inside], col[inside]].int())
+    assert not bool(nibble[~inside].any())  # padding rows are zeros
+
+
 @needs_kernel
 @pytest.mark.parametrize("out", [37, 64])
 @pytest.mark.parametrize("form", ["q4_1", "q8_0"])

@@ -299,22 +299,25 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     2, 16]: d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
     hold them (every kind gives the same products):
     - every code in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks): two codes a
-      byte, codes [N'/16, K'/32, 16, 16] uint8 with column l of a chunk in byte l's low 4 bits
-      and column 16 + l in its high 4 bits, and float16 d and m: linear.c's kind 4 (0.625 bytes
-      a weight; its decode rows look weights up in a table of 16);
+      byte and float16 d and m, linear.c's kind 4 (0.625 bytes a weight; its decode rows look
+      weights up in a table of 16): codes [N'/16, K'/32, 4, 16, 4] uint8, element [b, c, v, l,
+      r] holding the codes of row 16 b + 4 v + r at columns 32 c + l (low 4 bits) and 32 c + 16
+      + l (high 4 bits), so that a 32-bit lane l holds column l of four rows;
     - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
       [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
     - else float32 d and m, kind 2.
 
-    Example: a Q4_1 row chunk with codes 1 in column 0 and 2 in column 16 packs byte 0 as
-    0x21."""
+    Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
+    (row 5 = 4 * 1 + 1)."""
     packed, scales = _codes_and_scales(codes)
     half = scales.half()
     if not torch.equal(half.float(), scales):
         return packed, scales
     if bool(((codes.codes >= 0) & (codes.codes <= 15)).all()):
         low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
-        return (low | (high << 4)).view(torch.uint8).contiguous(), half
+        pairs = (low | (high << 4)).view(torch.uint8)  # [B, C, 16, 16]: row j, column l
+        blocks, chunks = packed.shape[:2]
+        return pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous(), half
     if not bool(scales[:, :, 1].any()):
         return packed, half[:, :, :1].contiguous()
     return packed, scales
@@ -397,11 +400,11 @@ def _product(
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
     """linear.c's kind of a packed weight: 3 = 8-bit codes times 8-bit activations (uint8
     [B, C, 8, 16, 4], `pack_codes_a8`), 2 = 8-bit codes with float32 d and m, 4 = codes in
-    0..15 two a byte (uint8 [B, C, 16, 16]) with float16 d and m, 5 = 8-bit codes with float16
-    d alone (`pack_codes`), 1 = float16, 0 = float32."""
+    0..15 two a byte (uint8 [B, C, 4, 16, 4]) with float16 d and m, 5 = 8-bit codes with
+    float16 d alone (`pack_codes`), 1 = float16, 0 = float32."""
     if scales is not None:
         if packed.dtype == torch.uint8:
-            return 3 if packed.dim() == 5 else 4
+            return 3 if packed.shape[2] == 8 else 4
         return 5 if scales.dtype == torch.float16 else 2
     return 1 if packed.dtype == torch.float16 else 0
 

@@ -29,7 +29,7 @@
 
 /* ---------------------------------------------------------------- AVX-512 (16 lanes) */
 
-#define AVX512 __attribute__((target("avx512f,f16c,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,f16c,fma")))
 
 AVX512 INLINE __m512 w16_f32(const float *w) { return _mm512_loadu_ps(w); }
 AVX512 INLINE __m512 w16_f16(const uint16_t *w) {
@@ -232,8 +232,11 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 /* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks), two codes a byte, and d, m
  * stored as float16 (GGUF's own, so exactly): 0.625 bytes a weight instead of 1.25. A chunk's
- * row is 16 bytes, column l in the low 4 bits of byte l and column 16 + l in the high 4 bits
- * (GGUF's own order): codes[b][c][j][l] for l < 16. Kind 5 is kind 2 with every m
+ * 16 rows are 4 vectors of 16 32-bit lanes: lane l of vector v holds 8 codes, columns l and
+ * 16 + l of rows 4 v .. 4 v + 3, row 4 v + r's in bits 8 r .. 8 r + 3 (column l) and 8 r + 4
+ * .. 8 r + 7 (column 16 + l). So one shift puts any 16 codes of a row in the lanes' low bits,
+ * where vpermps reads its index: codes[b][c][v][l][r] = q(16 b + 4 v + r, 32 c + l) | q(16 b +
+ * 4 v + r, 32 c + 16 + l) << 4. Kind 5 is kind 2 with every m
  * 0 (GGUF Q8_0 blocks) and only d stored, as float16: 1.0625 bytes a weight. Their weights are
  * the same values, built by the same fma(d, q, m) from the same d and m (converted to float32
  * once a block, 0 for kind 5's m), so every product gives kind 2's bits. With 4-bit codes one
@@ -242,21 +245,33 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
  * each conversion and the table does not pay. SmolLM2 float32 (kind 4 layers), against kind 2
  * in one process: decode -4% to -8%, 2-row steps -1% to -12%, 3-8 rows about the same. */
 
-/* The codes of columns 16 h .. 16 h + 15 of the chunk's row at q, a byte each: as stored, or
- * (nib, kind 4) from the row's 16 bytes of two codes. */
-AVX512 INLINE __m128i codes16(const int8_t *q, const int h, const int nib) {
-  if (!nib) return _mm_loadu_si128((const __m128i *)(q + 16 * h));
-  const __m128i v = _mm_loadu_si128((const __m128i *)q);
-  return _mm_and_si128(h ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F));
+/* The codes of columns 16 h .. 16 h + 15 of row g + j of the chunk at qc (g a multiple of 4), in
+ * 32-bit lanes: kind 2's and 5's bytes widened; kind 4's (nib) in the lanes' low 4 bits, above
+ * them other codes. Kind 4's row 4 v + r is the vector's byte r (a byte shift, which runs beside
+ * the multiply-adds), its high halves the vector shifted by 4 bits once for its 4 rows. */
+AVX512 INLINE __m512i codes16(const int8_t *qc, const int g, const int j, const int h,
+                              const int nib) {
+  if (!nib)
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qc + (g + j) * QC + 16 * h)));
+  const __m512i v = _mm512_loadu_si512(qc + (g + j) / 4 * 64);
+  const __m512i s = h ? _mm512_srli_epi32(v, 4) : v;
+  switch (j % 4) {
+    case 1: return _mm512_bsrli_epi128(s, 1);
+    case 2: return _mm512_bsrli_epi128(s, 2);
+    case 3: return _mm512_bsrli_epi128(s, 3);
+    default: return s;
+  }
 }
 
-AVX512 INLINE __m512 q16(const __m128i q, __m512 d, __m512 m) {
-  return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), m);
+AVX512 INLINE __m512 q16(__m512i q, __m512 d, __m512 m, const int nib) {
+  if (nib) q = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
+  return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q), m);
 }
 
-/* The weights of 16 codes in 0..15 from the table of fma(d, i, m), i = 0..15: q16's values. */
-AVX512 INLINE __m512 lut16(const __m128i q, __m512 table) {
-  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
+/* The weights of 16 codes in 0..15 (codes16's lanes; vpermps reads only their low 4 bits) from
+ * the table of fma(d, i, m), i = 0..15: q16's values. */
+AVX512 INLINE __m512 lut16(const __m512i q, __m512 table) {
+  return _mm512_permutexvar_ps(q, table);
 }
 
 /* sb: the block's scales as float32; next_scales: the next block's as stored, line bytes a
@@ -288,14 +303,13 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
       const __m512 d = _mm512_set1_ps(sc[g + j]), m = _mm512_set1_ps(sc[R + g + j]);
-      const int8_t *q = qc + (g + j) * RB;
-      const __m128i q0 = codes16(q, 0, nib), q1 = codes16(q, 1, nib);
+      const __m512i q0 = codes16(qc, g, j, 0, nib), q1 = codes16(qc, g, j, 1, nib);
       __m512 w0, w1;
       if (nib && TN <= 2) {
         const __m512 table = _mm512_fmadd_ps(d, iota, m);
         w0 = lut16(q0, table), w1 = lut16(q1, table);
       } else {
-        w0 = q16(q0, d, m), w1 = q16(q1, d, m);
+        w0 = q16(q0, d, m, nib), w1 = q16(q1, d, m, nib);
       }
       _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
         acc[j][i] = _mm512_fmadd_ps(w0, x0[i], acc[j][i]);
@@ -313,12 +327,13 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
                                     const int nib) {
   const int RB = nib ? QC / 2 : QC;
   for (int64_t c = 0; c < K / QC; c++)
-    for (int j = 0; j < R; j++) {
+    _Pragma("GCC unroll 16") for (int j = 0; j < R; j++) {
       const __m512 d = _mm512_set1_ps(sb[c * 2 * R + j]);
       const __m512 m = _mm512_set1_ps(sb[c * 2 * R + R + j]);
-      const int8_t *q = cb + c * R * RB + j * RB;
-      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(codes16(q, 0, nib), d, m));
-      _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R, q16(codes16(q, 1, nib), d, m));
+      const int8_t *qc = cb + c * R * RB;
+      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(codes16(qc, 0, j, 0, nib), d, m, nib));
+      _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R,
+                       q16(codes16(qc, 0, j, 1, nib), d, m, nib));
     }
 }
 
@@ -405,11 +420,18 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
   }
 }
 
-/* The weights of columns 8 p .. 8 p + 7 of the chunk's row at q (nib: kind 4's 4-bit codes). */
-AVX2 INLINE __m256 q8x8(const int8_t *q, const int p, __m256 d, __m256 m, const int nib) {
-  __m128i v = _mm_loadl_epi64((const __m128i *)(q + (nib ? 8 * (p % 2) : 8 * p)));
-  if (nib) v = _mm_and_si128(p >= 2 ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F));
-  return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), m);
+/* The weights of columns 8 p .. 8 p + 7 of row j of the chunk at qc (nib: kind 4's codes). */
+AVX2 INLINE __m256 q8x8(const int8_t *qc, const int j, const int p, __m256 d, __m256 m,
+                        const int nib) {
+  __m256i q;
+  if (nib) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(qc + j / 4 * 64 + 32 * (p % 2)));
+    const __m128i shift = _mm_cvtsi32_si128(8 * (j % 4) + 4 * (p / 2));
+    q = _mm256_and_si256(_mm256_srl_epi32(v, shift), _mm256_set1_epi32(15));
+  } else {
+    q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qc + j * QC + 8 * p)));
+  }
+  return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m);
 }
 
 /* AVX2: per chunk, its four 8-column pieces in order; even pieces add into lo, odd into hi. */
@@ -428,7 +450,7 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
       __m256 w[4];
       _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
-        w[j] = q8x8(qc + (g + j) * RB, p, _mm256_set1_ps(sc[g + j]),
+        w[j] = q8x8(qc, g + j, p, _mm256_set1_ps(sc[g + j]),
                     _mm256_set1_ps(sc[R + g + j]), nib);
       _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {
         const __m256 xv = _mm256_loadu_ps(x + (t0 + i) * K + c * QC + 8 * p);
@@ -798,12 +820,12 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
 
 /* ------------------------------------------------------------------------ entry points */
 
-/* 2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = neither (the kernel cannot run here). */
+/* 2 = AVX-512 (F and BW), 1 = AVX2 + F16C + FMA, 0 = neither (the kernel cannot run here). */
 int verispec_linear_isa(void) {
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
                    __builtin_cpu_supports("fma");
-  if (avx2 && __builtin_cpu_supports("avx512f")) return 2;
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return 2;
   return avx2 ? 1 : 0;
 }
 
