@@ -226,7 +226,7 @@ def test_4_bit_codes_layout() -> None:
     codes[5, 0], codes[5, 16] = 1, 2
     ones = torch.ones(6, 1)
     packed, half = native_linear.pack_codes(native_linear.AffineCodes(codes, ones, 0 * ones))
-    assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
+    assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.int8
     assert packed[0, 0, 1, 0, 1] == 0x21 and int(packed.sum()) == 0x21
     assert native_linear.kind_of(packed, half) == 4
     w = gguf_like(37, 3, 5)
@@ -237,7 +237,7 @@ def test_4_bit_codes_layout() -> None:
         *(torch.arange(n) for n in (3, 3, 4, 16, 4, 2)), indexing="ij"
     )
     row, col = 16 * b + 4 * v + r, 32 * c + lane + 16 * high
-    nibble = (packed[b, c, v, lane, r].int() >> (4 * high)) & 15
+    nibble = (packed.view(torch.uint8)[b, c, v, lane, r].int() >> (4 * high)) & 15
     inside = row < 37
     assert torch.equal(nibble[inside], codes_of.codes[row[inside], col[inside]].int())
     assert not bool(nibble[~inside].any())  # padding rows are zeros
@@ -294,6 +294,40 @@ def test_a8_codes_layout_worked_example() -> None:
     assert packed[0, 0, 1, 1, 1] == 255 and packed[0, 0, 1, 1, 2] == 126
     assert packed[0, 0, 0, 0, 0] == 128  # a zero code
     assert scales[0, 0, 0, 1] == 0.125 and native_linear.packed_columns(packed) == 32
+
+
+def test_a8_4_bit_codes_layout_worked_example() -> None:
+    """Codes in 0..15 go two a byte (kind 6): column 32 c + 4 k + e in the low 4 bits of [b, c,
+    k, j, e], column 32 c + 16 + 4 k + e in the high 4 bits, stored as themselves."""
+    codes = torch.zeros(2, 32, dtype=torch.int8)
+    codes[1, 5], codes[1, 21] = 3, 15  # columns 4 * 1 + 1 and 16 + 4 * 1 + 1
+    ones = torch.ones(2, 1)
+    packed, scales = native_linear.pack_codes_a8(native_linear.AffineCodes(codes, ones, 0 * ones))
+    assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
+    assert packed[0, 0, 1, 1, 1] == 0xF3 and int(packed.sum()) == 0xF3
+    assert native_linear.kind_of(packed, scales) == 6
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [37, 64])
+def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
+    """Kind 6 (two codes a byte, sums from 0) and kind 3 (codes + 128 a byte, sums from -128
+    times the sum of x's codes) give the same integers, so the same bits, on every kernel."""
+    w = gguf_like(out, 3, 9)
+    codes = native_linear.affine_codes(w)
+    assert codes is not None
+    nibbles, scales = native_linear.pack_codes_a8(codes)
+    assert native_linear.kind_of(nibbles, scales) == 6
+    low, high = nibbles & 15, nibbles >> 4
+    bytes_each = (torch.cat([low, high], dim=2).to(torch.int16) + 128).to(torch.uint8)
+    assert native_linear.kind_of(bytes_each, scales) == 3
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(10))
+    bias = torch.randn(out)
+    for kernel in kernels():
+        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
+            got = native_linear._product(kernel, x[:rows], nibbles, bias, out, scales)
+            want = native_linear._product(kernel, x[:rows], bytes_each, bias, out, scales)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
 @needs_kernel

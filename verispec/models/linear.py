@@ -173,7 +173,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
     if rounded and not any(native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
-                           == 3 for lin in rounded if lin.kernel == "native"):  # fmt: skip
+                           in (3, 6) for lin in rounded if lin.kernel == "native"):  # fmt: skip
         raise ValueError(
             f"quantization={rounded[0].quantization!r} multiplies 8-bit weight codes by 8-bit "
             "inputs, but no weight of this model is stored as codes (GGUF Q4_1 or Q8_0 "

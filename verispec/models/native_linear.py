@@ -300,7 +300,7 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     hold them (every kind gives the same products):
     - every code in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks): two codes a
       byte and float16 d and m, linear.c's kind 4 (0.625 bytes a weight; its decode rows look
-      weights up in a table of 16): codes [N'/16, K'/32, 4, 16, 4] uint8, element [b, c, v, l,
+      weights up in a table of 16): codes [N'/16, K'/32, 4, 16, 4] int8, element [b, c, v, l,
       r] holding the codes of row 16 b + 4 v + r at columns 32 c + l (low 4 bits) and 32 c + 16
       + l (high 4 bits), so that a 32-bit lane l holds column l of four rows;
     - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
@@ -315,7 +315,7 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
         return packed, scales
     if bool(((codes.codes >= 0) & (codes.codes <= 15)).all()):
         low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
-        pairs = (low | (high << 4)).view(torch.uint8)  # [B, C, 16, 16]: row j, column l
+        pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
         blocks, chunks = packed.shape[:2]
         return pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous(), half
     if not bool(scales[:, :, 1].any()):
@@ -342,13 +342,19 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
     scales d and m as `pack_codes` lays them out, in float16, which holds every d and m exactly
     (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a weight instead
-    of 1.25. Example: a Q8_0 code -3 is stored as 125, a Q4_1 code 15 as 143."""
+    of 1.25. Example: a Q8_0 code -3 is stored as 125.
+    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6: uint8 [N'/16,
+    K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e] | that
+    of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight)."""
     packed, scales = _codes_and_scales(codes)
     half = scales.half()
     assert torch.equal(half.float(), scales), "affine codes' d and m are float16 values"
     blocks, chunks = packed.shape[:2]
-    unsigned = (packed.to(torch.int16) + 128).to(torch.uint8)  # [B, C, 16, 32]
+    nibbles = bool(((codes.codes >= 0) & (codes.codes <= 15)).all())
+    unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
     grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
+    if nibbles:  # [B, C, 8, 16, 4]: vectors k and k + 4 share a byte
+        return (grouped[:, :, :4] | (grouped[:, :, 4:] << 4)).contiguous(), half
     return grouped.contiguous(), half
 
 
@@ -398,13 +404,16 @@ def _product(
 
 
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
-    """linear.c's kind of a packed weight: 3 = 8-bit codes times 8-bit activations (uint8
-    [B, C, 8, 16, 4], `pack_codes_a8`), 2 = 8-bit codes with float32 d and m, 4 = codes in
-    0..15 two a byte (uint8 [B, C, 4, 16, 4]) with float16 d and m, 5 = 8-bit codes with
-    float16 d alone (`pack_codes`), 1 = float16, 0 = float32."""
+    """linear.c's kind of a packed weight: codes times 8-bit activations (uint8,
+    `pack_codes_a8`) 3 for 8-bit codes [B, C, 8, 16, 4], 6 for 4-bit ones [B, C, 4, 16, 4];
+    codes times float32 x (int8, `pack_codes`) 2 for 8-bit codes with float32 d and m, 5 with
+    float16 d alone, 4 for 4-bit codes [B, C, 4, 16, 4] with float16 d and m; 1 = float16,
+    0 = float32."""
     if scales is not None:
         if packed.dtype == torch.uint8:
-            return 3 if packed.shape[2] == 8 else 4
+            return 3 if packed.shape[2] == 8 else 6
+        if packed.dim() == 5:
+            return 4
         return 5 if scales.dtype == torch.float16 else 2
     return 1 if packed.dtype == torch.float16 else 0
 

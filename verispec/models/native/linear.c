@@ -506,7 +506,12 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
  * Layout: codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) + 128 (uint8; k < 8, j < 16,
  * e < 4): one 64-byte vector holds 4 columns of the block's 16 rows, as vpdpbusd takes them.
  * Scales as kind 2's but float16 (a GGUF block's d and m are float16 values, so exactly):
- * scales[b][c][0][j] = d, scales[b][c][1][j] = m. */
+ * scales[b][c][0][j] = d, scales[b][c][1][j] = m.
+ * Kind 6 is kind 3 with every code in 0..15 (GGUF Q4_1 blocks) stored as itself, two a byte:
+ * codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) | q(W[16 b + j, 32 c + 16 + 4 k + e]) << 4
+ * (k < 4), so a vector's low 4 bits are kind 3's vector k less 128 and its high 4 bits vector
+ * k + 4 less 128; its sums start at 0 instead of -128 sum_l q_l, which gives the same integers.
+ * 0.625 bytes a weight instead of 1.125. */
 
 #define H16 uint16_t /* float16 bits */
 
@@ -596,31 +601,46 @@ VNNI INLINE __m512 add_chunk(__m512 acc, __m512i sum, float dx, float mx, __m512
   return _mm512_fmadd_ps(m, _mm512_set1_ps(mx), acc);
 }
 
+/* Chunk c's 8 vectors of codes (4 columns of the block's 16 rows each) from the block at cb:
+ * kind 3's as stored, kind 6's (nib) from 4 vectors of two codes a byte. */
+VNNI INLINE void chunk_codes(const uint8_t *cb, int64_t c, __m512i *w, const int nib) {
+  if (!nib) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+      w[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
+    return;
+  }
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+    const __m512i v = _mm512_loadu_si512((const void *)(cb + c * R * QC / 2 + 64 * k));
+    w[k] = _mm512_and_si512(v, low);
+    w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  }
+}
+
 /* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
  * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
  * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
- * least eight chains are in flight (integer sums: the split changes no bit). */
+ * least eight chains are in flight (integer sums: the split changes no bit). nib: kind 6. */
 VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
-                              const H16 *next_scales) {
-  const int64_t C = K / QC;
+                              const H16 *next_scales, const int nib) {
+  const int64_t C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
   __m512 acc[8];
   _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
     if (next) { /* the next block's chunk c into L2, while this one computes */
-      _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
-        _mm_prefetch((const char *)(next + c * R * QC + l), _MM_HINT_T1);
+      _Pragma("GCC unroll 8") for (int l = 0; l < chunk_bytes; l += 64)
+        _mm_prefetch((const char *)(next + c * chunk_bytes + l), _MM_HINT_T1);
       _mm_prefetch((const char *)(next_scales + c * 2 * R), _MM_HINT_T1);
     }
     __m512i w[8];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-      w[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
+    chunk_codes(cb, c, w, nib);
     const __m512 d = half16(sb + c * 2 * R), m = half16(sb + c * 2 * R + R);
     const int64_t tc = at(r, t0, c); /* the tile's rows of chunk c: tc, tc + 1, ... */
     __m512i even[8], odd[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
-      even[i] = _mm512_set1_epi32(r.corr[tc + i]);
+      even[i] = nib ? _mm512_setzero_si512() : _mm512_set1_epi32(r.corr[tc + i]);
       odd[i] = _mm512_setzero_si512();
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) /* the rows' chains side by side */
@@ -643,36 +663,45 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 
 }
 
 #define A8_TILE(TN) \
-  tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales)
+  tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, nib)
 
-VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const H16 *scales,
-                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                int64_t ldy, int threads) {
-  const int64_t blocks = (N + R - 1) / R;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t *cb = codes + b * R * K;
-    const H16 *sb = scales + b * 2 * R * (K / QC);
-    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
-     * 4 + 1): 8 rows stream a block once. The first tile asks for the next block
-     * (schedule(static) gives a thread consecutive blocks) while it and the others compute:
-     * from 5 rows up the products take about as long as the stream, and without the
-     * prefetch an 8-row product over SmolLM2's layers ran 12% longer. */
-    const uint8_t *next = b + 1 < blocks ? cb + R * K : NULL;
-    const H16 *next_scales = sb + 2 * R * (K / QC);
-    int64_t t = 0;
-    for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
-    if (t + 4 <= T) {
-      A8_TILE(4);
-      t += 4, next = NULL;
-    }
-    switch (T - t) {
-      case 3: A8_TILE(3); break;
-      case 2: A8_TILE(2); break;
-      case 1: A8_TILE(1); break;
-      default: break;
-    }
+/* An OpenMP loop over blocks or pairs, compiled once for kind 3 and once for kind 6 (nib): the
+ * loop's body becomes a function of its own, in which nib must be a constant (see Q8_ENTRY). */
+#define A8_ENTRY(NAME, BODY, NIB, BLOCKS)                                                     \
+  VNNI static void NAME(const RoundedRows r, const uint8_t *codes, const H16 *scales,         \
+                        const float *bias, float *y, int64_t T, int64_t N, int64_t K,         \
+                        int64_t ldy, int threads) {                                           \
+    const int64_t n = (N + BLOCKS * R - 1) / (BLOCKS * R);                                    \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
+    for (int64_t b = 0; b < n; b++) BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB);    \
+  }
+
+/* Block b of an a8 product (nib: kind 6). */
+VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const H16 *scales,
+                        const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                        int64_t ldy, int64_t b, const int nib) {
+  const int64_t blocks = (N + R - 1) / R, block_bytes = nib ? R * K / 2 : R * K;
+  const uint8_t *cb = codes + b * block_bytes;
+  const H16 *sb = scales + b * 2 * R * (K / QC);
+  const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+  /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
+   * 4 + 1): 8 rows stream a block once. The first tile asks for the next block
+   * (schedule(static) gives a thread consecutive blocks) while it and the others compute:
+   * from 5 rows up the products take about as long as the stream, and without the
+   * prefetch an 8-row product over SmolLM2's layers ran 12% longer. */
+  const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
+  const H16 *next_scales = sb + 2 * R * (K / QC);
+  int64_t t = 0;
+  for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
+  if (t + 4 <= T) {
+    A8_TILE(4);
+    t += 4, next = NULL;
+  }
+  switch (T - t) {
+    case 3: A8_TILE(3); break;
+    case 2: A8_TILE(2); break;
+    case 1: A8_TILE(1); break;
+    default: break;
   }
 }
 
@@ -683,28 +712,27 @@ VNNI static void linear_a8_vnni(const RoundedRows r, const uint8_t *codes, const
 VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t t0, const int TN, const uint8_t *next,
-                              const H16 *next_scales) {
-  const int64_t C = K / QC;
-  const uint8_t *cb1 = cb + R * K;
+                              const H16 *next_scales, const int nib) {
+  const int64_t C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
+  const int64_t chunk_bytes = nib ? R * QC / 2 : R * QC;
+  const uint8_t *cb1 = cb + block_bytes;
   const H16 *sb1 = sb + 2 * R * C;
   __m512 acc0[4], acc1[4];
   _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
     if (next)
       for (int b = 0; b < 2; b++) {
-        _Pragma("GCC unroll 8") for (int l = 0; l < R * QC; l += 64)
-          _mm_prefetch((const char *)(next + b * R * K + c * R * QC + l), _MM_HINT_T1);
+        _Pragma("GCC unroll 8") for (int l = 0; l < chunk_bytes; l += 64)
+          _mm_prefetch((const char *)(next + b * block_bytes + c * chunk_bytes + l), _MM_HINT_T1);
         _mm_prefetch((const char *)(next_scales + b * 2 * R * C + c * 2 * R), _MM_HINT_T1);
       }
     __m512i w0[8], w1[8];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-      w0[k] = _mm512_loadu_si512((const void *)(cb + c * R * QC + 64 * k));
-      w1[k] = _mm512_loadu_si512((const void *)(cb1 + c * R * QC + 64 * k));
-    }
+    chunk_codes(cb, c, w0, nib);
+    chunk_codes(cb1, c, w1, nib);
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
       const int64_t tc = at(r, t0 + i, c);
       const int8_t *q = r.q + tc * QC;
-      __m512i s0 = _mm512_set1_epi32(r.corr[tc]), s1 = s0;
+      __m512i s0 = nib ? _mm512_setzero_si512() : _mm512_set1_epi32(r.corr[tc]), s1 = s0;
       _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
         int32_t a;
         __builtin_memcpy(&a, q + 4 * k, 4);
@@ -732,34 +760,38 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
  * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). From 3 rows a
  * tile asks for the next pair while it computes (3 and 4 rows over SmolLM2's layers 10%
  * faster; at 2 rows the prefetches cost about what they save). */
-VNNI static void linear_a8_pairs(const RoundedRows r, const uint8_t *codes, const H16 *scales,
-                                 const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                                 int64_t ldy, int threads) {
-  const int64_t pairs = N / (2 * R), C = K / QC;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t p = 0; p < pairs; p++) {
-    const uint8_t *cb = codes + 2 * p * R * K;
-    const H16 *sb = scales + 2 * p * 2 * R * C;
-    const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * R * K : NULL;
-    const H16 *ns = sb + 2 * 2 * R * C;
-    switch (T) {
-      case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 4, next, ns); break;
-      case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 3, next, ns); break;
-      case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 2, NULL, NULL); break;
-      default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, 2 * p * R, 0, 1, NULL, NULL); break;
-    }
+VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const H16 *scales,
+                         const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                         int64_t ldy, int64_t p, const int nib) {
+  const int64_t pairs = N / (2 * R), C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
+  const uint8_t *cb = codes + 2 * p * block_bytes;
+  const H16 *sb = scales + 2 * p * 2 * R * C;
+  const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * block_bytes : NULL;
+  const H16 *ns = sb + 2 * 2 * R * C;
+  const int64_t n0 = 2 * p * R;
+  switch (T) {
+    case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib); break;
+    case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 3, next, ns, nib); break;
+    case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 2, NULL, NULL, nib); break;
+    default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 1, NULL, NULL, nib); break;
   }
 }
+
+A8_ENTRY(a8_blocks_bytes, a8_block, 0, 1)
+A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 1)
+A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 2)
+A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 2)
 
 /* The same sums on any CPU the kernel runs on (AVX2, or AVX-512 without VNNI): the same
  * integers, then the same two fmas per chunk in the same order, so the same bits. */
 AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
                                     const H16 *scales, const float *bias, float *y, int64_t T,
-                                    int64_t N, int64_t K, int64_t ldy, int threads) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC;
+                                    int64_t N, int64_t K, int64_t ldy, int threads,
+                                    const int nib) {
+  const int64_t blocks = (N + R - 1) / R, C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t *cb = codes + b * R * K;
+    const uint8_t *cb = codes + b * C * chunk_bytes;
     const H16 *sb = scales + b * 2 * R * C;
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     for (int64_t t = 0; t < T; t++) {
@@ -770,11 +802,13 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
         int32_t sum[R] = {0};
         for (int k = 0; k < 8; k++)
           for (int j = 0; j < R; j++)
-            for (int e = 0; e < 4; e++)
-              sum[j] += (int32_t)cb[c * R * QC + 64 * k + 4 * j + e] * q[4 * k + e];
+            for (int e = 0; e < 4; e++) {
+              const uint8_t u = cb[c * chunk_bytes + 64 * (nib ? k % 4 : k) + 4 * j + e];
+              sum[j] += (int32_t)(nib ? u >> (4 * (k / 4)) & 15 : u) * q[4 * k + e];
+            }
         for (int j = 0; j < R; j++) {
           const float scale = r.dx[tc] * _cvtsh_ss(sb[c * 2 * R + j]);
-          acc[j] = fmaf(scale, (float)(sum[j] + r.corr[tc]), acc[j]);
+          acc[j] = fmaf(scale, (float)(sum[j] + (nib ? 0 : r.corr[tc])), acc[j]);
           acc[j] = fmaf(_cvtsh_ss(sb[c * 2 * R + R + j]), r.mx[tc], acc[j]);
         }
       }
@@ -802,7 +836,7 @@ int verispec_linear_vnni(void) { return has_vnni(); }
  * the portable loop. */
 static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                      int threads) {
+                      int threads, const int nib) {
   const int64_t C = K / QC;
   /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr [C][T], then q [C][T][32]. */
   float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
@@ -810,11 +844,11 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
                          T, C};
   round_rows(isa, x, T, K, r, threads);
   if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
-    linear_a8_pairs(r, codes, scales, bias, y, T, N, K, ldy, threads);
+    (nib ? a8_pairs_nibbles : a8_pairs_bytes)(r, codes, scales, bias, y, T, N, K, ldy, threads);
   else if (isa == 2 && has_vnni())
-    linear_a8_vnni(r, codes, scales, bias, y, T, N, K, ldy, threads);
+    (nib ? a8_blocks_nibbles : a8_blocks_bytes)(r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
-    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
+    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib);
   free(f);
 }
 
@@ -883,15 +917,16 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
 /* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so
  * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales,
  * 3 = 8-bit codes (kind 3's layout, float16 scales) times x rounded to 8-bit blocks, 4 = kind
- * 2 with codes in 0..15 and float16 scales, 5 = kind 2 with m = 0 and float16 d (the same
- * products as kind 2). */
+ * 2 with codes in 0..15 two a byte and float16 scales, 5 = kind 2 with m = 0 and float16 d
+ * (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a byte (the same products
+ * as kind 3). */
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
-    if (kind == 3)
+    if (kind == 3 || kind == 6)
       linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
-                threads);
+                threads, kind == 6);
     else if (kind == 2 || kind == 4 || kind == 5)
       linear_q8(isa, kind == 2 ? 0 : kind - 3, x + t * K, w, scales, bias, y + t * N, n, N, K, N,
                 threads);
