@@ -230,6 +230,11 @@ class AffineCodes:
     d: torch.Tensor
     m: torch.Tensor
 
+    @property
+    def four_bit(self) -> bool:
+        """Every code in 0..15 (GGUF Q4_1 blocks): the kernel then stores two a byte."""
+        return bool(((self.codes >= 0) & (self.codes <= 15)).all())
+
 
 def affine_codes(weight: torch.Tensor) -> AffineCodes | None:
     """Int8 codes that rebuild every float32 value of weight bit for bit, or None.
@@ -313,7 +318,7 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     half = scales.half()
     if not torch.equal(half.float(), scales):
         return packed, scales
-    if bool(((codes.codes >= 0) & (codes.codes <= 15)).all()):
+    if codes.four_bit:
         low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
         pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
         blocks, chunks = packed.shape[:2]
@@ -350,7 +355,7 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     half = scales.half()
     assert torch.equal(half.float(), scales), "affine codes' d and m are float16 values"
     blocks, chunks = packed.shape[:2]
-    nibbles = bool(((codes.codes >= 0) & (codes.codes <= 15)).all())
+    nibbles = codes.four_bit
     unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
     grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
     if nibbles:  # [B, C, 8, 16, 4]: vectors k and k + 4 share a byte
