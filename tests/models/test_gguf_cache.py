@@ -1,6 +1,7 @@
-"""The GGUF conversion cache: a load through it equals a direct load from the GGUF file (weights
-bit for bit, config, tokenizer), later loads never reparse the file, entries appear whole or not
-at all, a rewritten file gets a fresh entry, and an unusable cache falls back to the file."""
+"""The GGUF metadata cache: it holds the config and tokenizer, never weights (an older
+verispec's float32 entries are removed); a load through it equals a direct load from the GGUF
+file, later loads never rebuild the tokenizer, entries appear whole or not at all, a rewritten
+file gets a fresh entry, and an unusable cache falls back to the file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import NoReturn
 import pytest
 import torch
 from conftest import CORPUS, make_checkpoint
-from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from verispec.models import gguf_cache
@@ -100,12 +100,11 @@ def test_cached_load_equals_direct_load(
     model, tok = direct(path, monkeypatch)
     assert entries(cache) == []
     first = load_model(path, torch.float32, CPU, "torch")  # converts
+    Tokenizer(path)  # writes the entry
     [name] = entries(cache)
     entry = cache / "gguf" / name
-    config, weights = read_gguf(path, torch.float32, CPU)
-    stored = load_file(entry / "model.safetensors")
-    assert stored.keys() == weights.keys()
-    assert all(torch.equal(stored[k], weights[k]) for k in weights)
+    config, _ = read_gguf(path, torch.float32, CPU)
+    assert not list(entry.glob("*.safetensors")), "weights are never cached"
     assert ModelConfig.from_file(entry / "config.json") == config == first.config
     later = load_model(path, torch.float32, CPU, "torch")  # reads the entry
     assert_same_logits(first, model)
@@ -114,12 +113,13 @@ def test_cached_load_equals_direct_load(
     assert entries(cache) == [name]
 
 
-def test_later_loads_never_parse_the_gguf(cache, tmp_path, monkeypatch, tokenizer, write_gguf):
+def test_later_loads_never_rebuild_the_tokenizer(
+    cache, tmp_path, monkeypatch, tokenizer, write_gguf
+) -> None:
     path, _ = write_family_gguf(tmp_path, "llama", tokenizer, write_gguf)
-    load_model(path, torch.float32, CPU)
-    monkeypatch.setattr(gguf_cache, "gguf_checkpoint", refuse)
+    Tokenizer(path)
     monkeypatch.setattr(gguf_cache, "gguf_tokenizer", refuse)
-    monkeypatch.setattr("verispec.models.loader.read_gguf", refuse)
+    monkeypatch.setattr("verispec.tokenizer.gguf_tokenizer", refuse)
     assert load_model(path, torch.bfloat16, CPU).dtype == torch.bfloat16
     assert Tokenizer(path).eos_token_ids == [1]
 
@@ -130,7 +130,6 @@ def test_tokenizer_first_converts_for_the_model_too(
     path, _ = write_family_gguf(tmp_path, "qwen2", tokenizer, write_gguf)
     model, tok = direct(path, monkeypatch)
     assert_same_tokenizer(Tokenizer(path), tok)  # a draft model loads its tokenizer first
-    monkeypatch.setattr("verispec.models.loader.read_gguf", refuse)  # the entry must serve
     assert_same_logits(load_model(path, torch.float32, CPU, "torch"), model)
 
 
@@ -138,16 +137,17 @@ def test_a_failed_write_leaves_no_entry(cache, tmp_path, monkeypatch, tokenizer,
     path, _ = write_family_gguf(tmp_path, "llama", tokenizer, write_gguf)
     model, _ = direct(path, monkeypatch)
 
-    def disk_full(tensors: dict, filename: str, **options: object) -> None:
-        Path(filename).write_bytes(b"half a file")
+    def disk_full(target: Path, value: dict) -> None:
+        target.write_text("{half a fi")
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(gguf_cache, "save_file", disk_full)
-        assert_same_logits(load_model(path, torch.float32, CPU, "torch"), model)  # from the GGUF
+        m.setattr(gguf_cache, "_write_json", disk_full)
+        assert Tokenizer(path).encode("hi") == direct(path, monkeypatch)[1].encode("hi")
     assert entries(cache) == []  # neither an entry nor its temporary directory
-    load_model(path, torch.float32, CPU)
-    assert len(entries(cache)) == 1  # the next load converts it
+    assert_same_logits(load_model(path, torch.float32, CPU, "torch"), model)
+    Tokenizer(path)
+    assert len(entries(cache)) == 1  # the next load writes it
 
 
 def test_a_bad_gguf_raises_and_leaves_nothing(cache, tmp_path) -> None:
@@ -169,11 +169,11 @@ def test_a_concurrent_writer_keeps_its_entry(cache, tmp_path, monkeypatch, token
         with monkeypatch.context() as m:
             m.setattr(gguf_cache, "_convert", convert)
             assert write_entry(gguf, entry) == entry
-        theirs.append((entry / "model.safetensors").stat().st_ino)
+        theirs.append((entry / "config.json").stat().st_ino)
 
     monkeypatch.setattr(gguf_cache, "_convert", race)
     assert write_entry(path, entry) == entry
-    assert (entry / "model.safetensors").stat().st_ino == theirs[0]  # theirs stays in place
+    assert (entry / "config.json").stat().st_ino == theirs[0]  # theirs stays in place
     assert entries(cache) == [entry.name]  # and no temporary directory is left
     assert Tokenizer(path).encode("hi") == direct(path, monkeypatch)[1].encode("hi")
 
@@ -182,13 +182,14 @@ def test_a_rewritten_gguf_gets_a_new_entry(
     cache, tmp_path, monkeypatch, tokenizer, write_gguf
 ) -> None:
     path, _ = write_family_gguf(tmp_path, "llama", tokenizer, write_gguf, seed=0)
-    load_model(path, torch.float32, CPU)
+    Tokenizer(path)
     [old] = entries(cache)
     size = path.stat().st_size
     write_family_gguf(tmp_path, "llama", tokenizer, write_gguf, seed=1)  # same size, new values
     assert path.stat().st_size == size
     model, _ = direct(path, monkeypatch)
     assert_same_logits(load_model(path, torch.float32, CPU, "torch"), model)
+    Tokenizer(path)
     [new] = entries(cache)  # the stale entry is gone
     assert new != old
 
@@ -211,7 +212,7 @@ def test_the_cache_can_be_turned_off(cache, tmp_path, monkeypatch, tokenizer, wr
     monkeypatch.setenv(gguf_cache.DISABLE_ENV, "1")
     load_model(path, torch.float32, CPU)
     Tokenizer(path)
-    assert not cache.exists()
+    assert not (cache / "gguf").exists()  # (the native kernel's build may live in cache/kernels)
 
 
 def test_entry_records_its_source(cache, tmp_path, tokenizer, write_gguf) -> None:
@@ -224,6 +225,21 @@ def test_entry_records_its_source(cache, tmp_path, tokenizer, write_gguf) -> Non
     assert json.loads((entry / "generation_config.json").read_text())["eos_token_id"] == [1]
 
 
+def test_an_older_float32_cache_is_removed_and_said(
+    cache, tmp_path, tokenizer, write_gguf, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = cache / "gguf" / "SomeModel.Q4_K_M-0123456789abcdef"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(bytes(1000))
+    (old / "config.json").write_text("{}")
+    path, _ = write_family_gguf(tmp_path, "llama", tokenizer, write_gguf)
+    with caplog.at_level("WARNING", logger="verispec"):
+        Tokenizer(path)
+    assert not old.exists()
+    assert "float32 weights that an older verispec cached" in caplog.text
+    assert len(entries(cache)) == 1
+
+
 @pytest.mark.slow
 def test_smollm2_cached_equals_direct(smollm2_path, cache, monkeypatch) -> None:
     """The real 49k-token vocabulary, merges and chat template survive the round trip."""
@@ -232,10 +248,8 @@ def test_smollm2_cached_equals_direct(smollm2_path, cache, monkeypatch) -> None:
         tok = Tokenizer(smollm2_path)
     entry = cached_checkpoint(smollm2_path)
     assert entry is not None and entry.parent == cache / "gguf"
-    config, weights = read_gguf(smollm2_path, torch.float32, CPU)
-    stored = load_file(entry / "model.safetensors")
-    assert stored.keys() == weights.keys()
-    assert all(torch.equal(stored[k], weights[k]) for k in weights)
+    config, _ = read_gguf(smollm2_path, torch.float32, CPU)
+    assert not list(entry.glob("*.safetensors"))
     assert ModelConfig.from_file(entry / "config.json") == config
     cached = Tokenizer(smollm2_path)
     assert_same_tokenizer(cached, tok)

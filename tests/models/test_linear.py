@@ -12,8 +12,9 @@ from verispec.models.linear import (
     Linear,
     choose_backend,
     exactly_fp16,
+    faster_float32_kernel,
+    float32_fallback,
     fp16_kernel_available,
-    intel_cpu,
     kernel_for,
     onednn_available,
 )
@@ -38,21 +39,62 @@ def test_exactly_fp16_worked_example() -> None:
 def test_auto_keeps_fp16_values_in_fp16_and_rounds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_linear, "native_kernel", lambda: NativeUnavailable("test"))
     assert kernel_for("auto", weights(8, 4, fp16_values=True)) == "fp16"
-    expected = "onednn" if onednn_available() and not intel_cpu() else "torch"
-    assert kernel_for("auto", weights(8, 4, fp16_values=False)) == expected
+    assert kernel_for("auto", weights(8, 4, fp16_values=False)) == float32_fallback()
     assert kernel_for("torch", weights(8, 4, fp16_values=True)) == "torch"
 
 
 @pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel here")
-def test_auto_takes_the_native_kernel_on_intel_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    for intel in (True, False):
-        monkeypatch.setattr(linear_module, "intel_cpu", lambda intel=intel: intel)
-        for fp16_values in (True, False):
-            kernel = kernel_for("auto", weights(8, 4, fp16_values))
-            assert (kernel == "native") == intel
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_auto_takes_the_native_kernel_whatever_the_vendor(
+    vendor: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory
+) -> None:
+    """The same instruction sets give the same choice on either vendor: nothing reads vendor_id
+    (a fake /proc/cpuinfo naming each vendor changes no kernel)."""
+    import builtins
+
+    cpuinfo = f"vendor_id\t: {vendor}\nmodel name\t: test cpu\nflags\t: avx2 fma f16c\n"
+    real_open = builtins.open
+
+    def fake_open(file, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(file) == "/proc/cpuinfo":
+            import io
+
+            return io.StringIO(cpuinfo)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    for fp16_values in (True, False):
+        assert kernel_for("auto", weights(8, 4, fp16_values)) == "native"
+    assert choose_backend("auto", CPU, torch.float32, compile=True) == "native"
     # float16 values are packed in float16 (half the bytes), others in float32: nothing rounds
     assert Linear(weights(8, 4, True), None, "native").weight.dtype == torch.float16
     assert Linear(weights(8, 4, False), None, "native").weight.dtype == torch.float32
+
+
+def test_the_float32_fallback_is_the_faster_measured_kernel() -> None:
+    assert faster_float32_kernel({"torch": 2.0, "onednn": 1.5}) == "onednn"
+    assert faster_float32_kernel({"torch": 1.0, "onednn": 1.5}) == "torch"
+    assert faster_float32_kernel({"torch": 1.0, "onednn": 1.0}) == "torch"
+
+
+def test_the_float32_fallback_is_measured_once_and_cached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory
+) -> None:
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN: the fallback is always torch")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    calls = []
+
+    def timings() -> dict[str, float]:
+        calls.append(1)
+        return {"torch": 3.0, "onednn": 1.0}
+
+    monkeypatch.setattr(linear_module, "_time_float32_kernels", timings)
+    for _ in range(2):
+        float32_fallback.cache_clear()
+        assert float32_fallback() == "onednn"
+    float32_fallback.cache_clear()
+    assert calls == [1], "the second process-level call reads the cached choice"
 
 
 @needs_fp16

@@ -1,8 +1,12 @@
 """GGUF checkpoints (llama.cpp's single-file format): a ModelConfig from the metadata, and the
-weights dequantized to float32 under Hugging Face tensor names for loader.build_model."""
+weights under Hugging Face tensor names for loader.build_model: quantized blocks as the affine
+codes they store (gguf_blocks.py, read one tensor at a time from the memory-mapped file, never
+a float32 model), the embedding table as rows dequantized on lookup, everything else float32."""
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,10 @@ from gguf.quants import dequantize
 from tqdm import tqdm
 
 from verispec.models.config import MODEL_TYPES, ModelConfig
+from verispec.models.gguf_blocks import CODED_TYPES, block_codes, permuted_rows
+from verispec.models.native_linear import AffineCodes
+
+log = logging.getLogger("verispec")
 
 # general.architecture values we load; llama.cpp writes Mistral checkpoints as "llama".
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -44,6 +52,133 @@ MODEL_TENSORS = {
 def is_gguf(path: Path) -> bool:
     """Whether path names a GGUF file (a .gguf suffix) rather than a checkpoint directory."""
     return path.suffix.lower() == ".gguf" and not path.is_dir()
+
+
+def gguf_weights(path: Path, progress: bool = False) -> tuple[ModelConfig, GGUFWeights]:
+    """The config and the file's weights, read on demand (GGUFWeights). Every check runs
+    before this returns (ValueError), with a warning naming quantized types that have no
+    native kernel (they load as float32)."""
+    reader = open_gguf(path)
+    config_json = gguf_config_json(reader, path)
+    config = ModelConfig.from_dict(config_json)
+    check_tensor_types(reader, path)
+    slow = sorted({t.tensor_type.name for t in reader.tensors
+                   if t.tensor_type not in (*CODED_TYPES, *FLOAT_TYPES)})  # fmt: skip
+    if slow:
+        log.warning("GGUF file %s: tensor types %s have no native kernel; they load as float32 "
+                    "(4 bytes a weight)", path, ", ".join(slow))  # fmt: skip
+    return config, GGUFWeights(reader, config, path, progress)
+
+
+FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+class GGUFWeights:
+    """A GGUF file's tensors by Hugging Face name, each read from the memory-mapped file when
+    popped: quantized types the native kernel computes (gguf_blocks.CODED_TYPES) as affine
+    codes decoded from their blocks, the token embedding as a BlockEmbedding over the file,
+    others dequantized to float32; q/k rows back in Hugging Face order. Popping in any order
+    keeps one tensor's decoding in memory at a time; each read tensor's pages are released."""
+
+    def __init__(self, reader: GGUFReader, config: ModelConfig, path: Path,
+                 progress: bool) -> None:  # fmt: skip
+        self.path = path
+        self.tensors = {hf_tensor_name(t.name, path): t for t in reader.tensors}
+        self.permuted = reader.fields["general.architecture"].contents() in PERMUTED_ARCHITECTURES
+        self.rotary_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
+        self.bar = tqdm(total=len(self.tensors), desc=f"reading {path.name}", unit="tensor",
+                        disable=not progress, leave=False)  # fmt: skip
+
+    def pop(self, name: str, default: None = None) -> Weight | None:
+        """The weight called name, read now and forgotten here; default when there is none."""
+        tensor = self.tensors.pop(name, None)
+        if tensor is None:
+            return default
+        self.bar.update()
+        if not self.tensors:
+            self.bar.close()
+        kind = tensor.name.split(".")[-2]  # "blk.0.attn_q.weight" -> "attn_q"
+        permute = self.permuted and kind in self.rotary_heads
+        rows = int(tensor.shape[-1]) if len(tensor.shape) == 2 else 0
+        columns = int(tensor.shape[0])
+        if name == "model.embed_tokens.weight" and tensor.tensor_type in CODED_TYPES:
+            return BlockEmbedding(self.path, int(tensor.data_offset), tensor.tensor_type, rows,
+                                  columns)  # fmt: skip
+        if rows and tensor.tensor_type in CODED_TYPES:
+            codes = block_codes(tensor.data, tensor.tensor_type, rows, columns)
+            _release(tensor.data)
+            if permute:
+                order = unpermute_rotary_rows(torch.arange(rows), self.rotary_heads[kind])
+                codes = permuted_rows(codes, order)
+            return codes
+        values = dequantized(tensor)
+        return unpermute_rotary_rows(values, self.rotary_heads[kind]) if permute else values
+
+
+class BlockEmbedding:
+    """An embedding table left in the GGUF file as its blocks: looked-up rows are dequantized
+    (gguf's own dequantization, so the same values as a float32 table) from a read-only mapping
+    of the table's bytes alone. A table of a 150k-token vocabulary stays on disk instead of
+    taking gigabytes of float32."""
+
+    def __init__(self, path: Path, offset: int, kind: GGMLQuantizationType, rows: int,
+                 columns: int) -> None:  # fmt: skip
+        block, size = GGML_QUANT_SIZES[kind]
+        self.kind = kind
+        self.shape = torch.Size((rows, columns))
+        self.dtype = torch.float32
+        self.device = torch.device("cpu")
+        self.blocks = np.memmap(path, dtype=np.uint8, mode="r", offset=offset,
+                                shape=(rows, columns // block * size))  # fmt: skip
+
+    def index_select(self, dim: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ids [T] -> [T, columns] float32."""
+        assert dim == 0, "an embedding table is indexed by rows"
+        rows = self.blocks[ids.cpu().numpy()]
+        values = dequantize(rows, self.kind).reshape(len(rows), self.shape[1])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.index_select(0, torch.as_tensor(ids).reshape(-1)).view(
+            *torch.as_tensor(ids).shape, self.shape[1])
+
+    def codes(self) -> AffineCodes:
+        """The table's affine codes (an LM head tied to it packs these)."""
+        rows, columns = self.shape
+        return block_codes(np.asarray(self.blocks), self.kind, rows, columns)
+
+    def is_contiguous(self) -> bool:
+        """False: there is no float32 table to point native code at."""
+        return False
+
+    def float(self) -> torch.Tensor:
+        """The whole table as float32 (for training a head on this model)."""
+        return self.index_select(0, torch.arange(self.shape[0]))
+
+    def dim(self) -> int:
+        return 2
+
+
+Weight = torch.Tensor | AffineCodes | BlockEmbedding
+"""What a GGUF tensor loads as: float32 values, affine codes, or the embedding table's blocks."""
+
+MADV_DONTNEED = 4  # Linux
+
+
+def _release(data: np.ndarray) -> None:
+    """Drop the whole pages of a read tensor's mapped bytes from this process (they stay in the
+    page cache), so loading a file never holds it all resident beside its packed copy."""
+    page = 4096
+    start = -(-data.ctypes.data // page) * page
+    end = (data.ctypes.data + data.nbytes) // page * page
+    if end <= start:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise(start, end - start, MADV_DONTNEED)  # a refusal only costs memory
+    except (OSError, AttributeError):
+        pass
 
 
 def read_gguf(

@@ -1,11 +1,12 @@
-"""GGUF conversion cache: the first load of a GGUF file writes it out as a Hugging Face
-checkpoint directory under cache_dir()/gguf/, so later loads read float32 safetensors and a
-tokenizer.json instead of parsing the file's metadata and rebuilding its tokenizer (for a
-49k-token vocabulary that is most of a load's time).
+"""GGUF metadata cache: the first load of a GGUF file writes its small metadata under
+cache_dir()/gguf/, so later loads read a tokenizer.json instead of rebuilding the tokenizer from
+the file's vocabulary arrays (for a 49k-token vocabulary that is most of a load's time). The
+weights are never cached: they are read from the GGUF file itself (gguf.GGUFWeights).
 
-An entry holds config.json, model.safetensors (what gguf_checkpoint dequantizes, bit for bit),
-the tokenizer as transformers saves it, generation_config.json (the tokenizer's EOS id) and
-SOURCE_FILE. Its name digests the GGUF's resolved path, size, mtime_ns and inode (not its
+An entry holds config.json, the tokenizer as transformers saves it, generation_config.json (the
+tokenizer's EOS id) and SOURCE_FILE; entries of CACHE_FORMAT 1 also held every weight as
+float32 (model.safetensors, often gigabytes); the next entry written removes them.
+Its name digests the GGUF's resolved path, size, mtime_ns and inode (not its
 sha256: hashing a multi-gigabyte file would cost about what the cache saves) and the versions
 of the converting libraries, so a rewritten file gets a new entry (and its old one is removed).
 An entry appears complete or not at all: it is built in a temporary directory, then renamed
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,16 +26,15 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from safetensors import SafetensorError
-from safetensors.torch import save_file
-
-from verispec.models.gguf import gguf_checkpoint
+from verispec.models.gguf import gguf_config_json, open_gguf
 from verispec.models.hub import cache_dir
+
+log = logging.getLogger("verispec")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Part of every entry's name: bump it when what an entry holds changes."""
 CONVERTING_PACKAGES = ("gguf", "safetensors", "tokenizers", "transformers")
 DISABLE_ENV = "VERISPEC_NO_GGUF_CACHE"
@@ -71,7 +72,32 @@ def cached_checkpoint(path: Path, progress: bool = False) -> Path | None:
         return None
     if entry.is_dir():
         return entry
+    remove_float32_entries(entry.parent)
     return write_entry(path, entry, progress)
+
+
+def remove_float32_entries(root: Path) -> int:
+    """Delete the entries an older verispec wrote with every weight in float32 (CACHE_FORMAT
+    1's model.safetensors), which nothing reads any more; logs what was freed. Returns bytes."""
+    freed = 0
+    try:
+        stale = [e for e in root.iterdir() if (e / "model.safetensors").is_file()]
+    except OSError:
+        return 0
+    for entry in stale:
+        size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+        aside = entry.with_name(f".{entry.name}.stale")
+        try:
+            os.replace(entry, aside)
+        except OSError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        freed += size
+    if freed:
+        log.warning("removed %.1f GB of float32 weights that an older verispec cached in %s "
+                    "(GGUF weights are now read from the file itself)", freed / 1e9,
+                    root)  # fmt: skip
+    return freed
 
 
 def write_entry(path: Path, entry: Path, progress: bool = False) -> Path | None:
@@ -87,7 +113,7 @@ def write_entry(path: Path, entry: Path, progress: bool = False) -> Path | None:
         _convert(path, partial, progress)
         partial.chmod(0o755)  # mkdtemp makes it private; a cache entry is ordinary data
         os.replace(partial, entry)
-    except (OSError, SafetensorError):
+    except OSError:
         if not entry.is_dir():  # unless another writer got there first: disk full, etc.
             return None
     finally:
@@ -149,9 +175,7 @@ def _tokenizer_class(model_type: str) -> type[PreTrainedTokenizerBase]:
 
 def _convert(path: Path, out: Path, progress: bool) -> None:
     """Write the checkpoint directory of GGUF file path into out (an empty directory)."""
-    config_json, tensors = gguf_checkpoint(path, progress)
-    save_file({name: values.contiguous() for name, values in tensors},
-              str(out / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    config_json = gguf_config_json(open_gguf(path), path)
     _write_json(out / "config.json", config_json)
     tokenizer = gguf_tokenizer(path, config_json["model_type"])
     tokenizer.save_pretrained(str(out))

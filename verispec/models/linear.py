@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import functools
+import json
+import os
+import time
 from collections.abc import Sequence
 from typing import Literal, cast
 
 import torch
 
 from verispec.models import native_linear
-from verispec.models.native_linear import NativeKernel, NativeUnavailable
+from verispec.models.gguf_blocks import dequantize_codes
+from verispec.models.hub import cache_dir
+from verispec.models.native_linear import CODE_COLUMNS, AffineCodes, NativeKernel, NativeUnavailable
 from verispec.models.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
@@ -37,18 +42,87 @@ def fp16_kernel_available() -> bool:
     )
 
 
-@functools.cache
-def intel_cpu() -> bool:
-    """True on an Intel CPU (/proc/cpuinfo's vendor_id), where torch's F.linear (MKL) streams
-    float32 weights faster than oneDNN's prepacked kernel: on a 2-core Xeon with AMX, SmolLM2's
-    decode step took 55 ms with F.linear and 76-90 ms with oneDNN. On AMD EPYC MKL falls back
-    to slow generic code and oneDNN is about 1.7x faster (benchmarks/README.md). Read once per
-    process: kernel_for asks for every weight."""
+CHOICE_VERSION = 1
+"""Bumped when the measurement below changes, so cached choices are measured again."""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), the key a measured kernel choice is cached under.
+    Only a cache key: no kernel is ever chosen by what it says."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in info)
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        return False
+        pass
+    return "unknown"
+
+
+def faster_float32_kernel(timings: dict[str, float]) -> str:
+    """The float32 kernel with the smallest measured time, "torch" on a tie.
+
+    >>> faster_float32_kernel({"torch": 2.0, "onednn": 1.5})
+    'onednn'
+    """
+    return min(sorted(timings), key=lambda name: (timings[name], name != "torch"))
+
+
+def _time_float32_kernels() -> dict[str, float]:
+    """Median seconds of a one-row product with a [2048, 2048] float32 weight on torch's
+    F.linear and on oneDNN's prepacked kernel: which of the two streams float32 weights faster
+    depends on the CPU and the BLAS torch was built with, so it is measured, never assumed."""
+    weight = torch.randn(2048, 2048)
+    x = torch.randn(1, 2048)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    calls = {
+        "torch": lambda: torch.nn.functional.linear(x, weight),
+        "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+    }
+    timings = {}
+    for name, call in calls.items():
+        for _ in range(3):
+            call()
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        timings[name] = sorted(times)[len(times) // 2]
+    return timings
+
+
+@functools.cache
+def float32_fallback() -> str:
+    """The kernel for float32 weights where the native kernel cannot run: "onednn" or "torch",
+    whichever a short measurement on first use found faster on this CPU (cached per CPU model,
+    torch version and CHOICE_VERSION in <cache>/kernels/choices.json), "torch" without oneDNN."""
+    if not onednn_available():
+        return "torch"
+    path = cache_dir() / "kernels" / "choices.json"
+    key = f"{cpu_model()} | torch {torch.__version__} | v{CHOICE_VERSION} | float32 fallback"
+    try:
+        choices = json.loads(path.read_text())
+    except (OSError, ValueError):
+        choices = {}
+    if not isinstance(choices, dict):
+        choices = {}
+    if choices.get(key) not in ("torch", "onednn"):
+        choices[key] = faster_float32_kernel(_time_float32_kernels())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(choices, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # an unwritable cache only means measuring again next time
+    return str(choices[key])
+
+
+def native_usable() -> bool:
+    """Whether the native kernel built and loaded here: it checks the instruction sets it needs
+    (AVX2, F16C and FMA; AVX-512 and VNNI where present) itself, on AMD and Intel alike."""
+    return isinstance(native_linear.native_kernel(), NativeKernel)
 
 
 def exactly_fp16(weight: torch.Tensor) -> bool:
@@ -105,8 +179,7 @@ def choose_backend(
     if backend == "auto" and not cpu_fp32:
         return "torch"
     if backend == "auto" and compile:
-        usable = intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel)
-        return "native" if usable else "torch"
+        return "native" if native_usable() else "torch"
     return backend
 
 
@@ -115,17 +188,14 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
 
     quantization="int8" has its own kernel (torch's `_weight_int8pack_mm`); "fp16" and "q8_0"
     round the weight first, so the rules below then pick the fp16 kernel on a float32 CPU, or
-    the native kernel's 8-bit codes for q8_0 on an Intel CPU; "a8" and "w8a8" need the native
+    the native kernel's 8-bit codes for q8_0 where it runs; "a8" and "w8a8" need the native
     kernel (on any CPU it runs on: its integer products are the point).
 
-    "auto" (float32 CPU): on an Intel CPU, "native" when it builds and runs here (verispec's
-    own kernel, native_linear.py: it streams each weight in the fewest bytes that hold it
-    exactly, 8-bit codes for dequantized GGUF blocks, float16, or float32, near the read
-    bandwidth; measured on Intel only, so AMD keeps the choices below).
-    Elsewhere "fp16" when the weight is exactly representable in float16 (it streams half the
-    bytes: its 1-9-row products run 1.3-2.7x faster than oneDNN's on an AMD EPYC, about as
-    fast at 16 rows; benchmarks/linear_kernels.py), else torch's F.linear on an Intel CPU
-    (MKL; see intel_cpu), else prepacked oneDNN where available, else torch.
+    "auto" (float32 CPU): "native" wherever it builds and its instruction sets are present
+    (verispec's own kernel, native_linear.py: it streams each weight in the fewest bytes that
+    hold it exactly, GGUF codes, float16 or float32; chosen by capability, on AMD and Intel
+    alike). Without it, "fp16" when the weight is exactly representable in float16 (half the
+    bytes), else whichever of F.linear and oneDNN was measured faster here (float32_fallback).
     Why exactness: the output must be the checkpoint's, so a weight is never rounded here
     (rounding is `quantization="fp16"`, which changes the target on purpose).
     """
@@ -158,11 +228,21 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
         )
     if backend != "auto":
         return backend
-    if intel_cpu() and isinstance(native_linear.native_kernel(), NativeKernel):
+    if native_usable():
         return "native"
     if fp16_kernel_available() and exactly_fp16(weight):
         return "fp16"
-    return "onednn" if onednn_available() and not intel_cpu() else "torch"
+    return float32_fallback()
+
+
+def a8_ready(codes: AffineCodes) -> bool:
+    """Whether codes have the 8-bit-input kernel's form: one float16 d and m per 32 columns
+    (GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); K-quant codes keep exact float inputs under "a8"."""
+    return (
+        codes.group == CODE_COLUMNS
+        and torch.equal(codes.d.half().float(), codes.d)
+        and torch.equal(codes.m.half().float(), codes.m)
+    )
 
 
 def pack_together(linears: Sequence[Linear]) -> None:
@@ -197,12 +277,20 @@ class Linear:
 
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | AffineCodes,
         bias: torch.Tensor | None,
         backend: str,
         row_wise: bool = False,
         quantization: str | None = None,
     ) -> None:
+        codes = None  # a GGUF file's codes, computed as stored where the native kernel runs
+        if isinstance(weight, AffineCodes):
+            keep = backend in ("auto", "native") and native_usable()
+            if keep and quantization in (None, *ACTIVATION_QUANTIZATIONS):
+                codes = weight
+            if codes is not None and codes.group != CODE_COLUMNS:  # TEMP until kind 8 lands
+                codes = None
+            weight = dequantize_codes(weight) if codes is None else weight.codes
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         if quantization == "fp16":
@@ -225,10 +313,11 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         elif self.kernel == "native":
             # Packed once into the kernel's blocks, in the fewest bytes that hold every value
-            # exactly: 8-bit affine codes (1.25 bytes a weight; dequantized GGUF blocks), else
-            # float16, else float32. The original weight is not kept.
-            codes = native_linear.affine_codes(weight.detach())
-            if codes is not None and quantization in ACTIVATION_QUANTIZATIONS:
+            # exactly: a GGUF file's codes as stored (or codes found in dequantized values),
+            # else float16, else float32. The original weight is not kept.
+            if codes is None:
+                codes = native_linear.affine_codes(weight.detach())
+            if codes is not None and quantization in ACTIVATION_QUANTIZATIONS and a8_ready(codes):
                 self.weight, self.native_scales = native_linear.pack_codes_a8(codes)
             elif codes is not None:
                 self.weight, self.native_scales = native_linear.pack_codes(codes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -12,11 +13,19 @@ from tqdm import tqdm
 from verispec.models.compiled import check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.default import shipped_head
-from verispec.models.gguf import is_gguf, read_gguf
-from verispec.models.gguf_cache import cached_checkpoint
+from verispec.models.gguf import (
+    BlockEmbedding,
+    GGUFWeights,
+    Weight,
+    gguf_weights,
+    is_gguf,
+    read_gguf,
+)
+from verispec.models.gguf_blocks import stacked
 from verispec.models.hub import named_model_path
 from verispec.models.linear import Linear, LinearBackend, choose_backend, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel
+from verispec.models.native_linear import AffineCodes
 from verispec.models.quantization import check_quantization
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -156,8 +165,9 @@ def load_model(
     compile: bool = False,
 ) -> LlamaModel:
     """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
-    from a GGUF file (dequantized to float32, then cast to dtype like safetensors weights;
-    after the first load, read from its converted copy in the cache: see gguf_cache.py).
+    from a GGUF file, read one tensor at a time from the file itself: on a float32 CPU model its
+    quantized blocks go straight into the native kernel's codes (gguf.gguf_weights), elsewhere
+    they are dequantized, then cast to dtype like safetensors weights.
 
     quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored. compile runs the decoder stack through
@@ -166,14 +176,17 @@ def load_model(
     check_quantization(quantization)
     check_compile(compile, batch_invariant)
     backend = choose_backend(linear_backend, device, dtype, compile)
-    checkpoint = cached_checkpoint(path, progress) if is_gguf(path) else path
-    if checkpoint is None:  # a GGUF file the cache cannot hold: read it directly
-        config, weights = read_gguf(path, dtype, device, progress)
+    if is_gguf(path):
+        config, from_file = gguf_weights(path, progress)
+        if device.type == "cpu" and dtype == torch.float32:
+            weights: GGUFWeights | dict[str, torch.Tensor] = from_file
+        else:  # other devices and dtypes compute with the float values, cast like safetensors
+            weights = read_gguf(path, dtype, device, progress)[1]
         source = f"GGUF file {path}"
     else:
-        config = ModelConfig.from_file(checkpoint / "config.json")
-        weights = _read_safetensors(checkpoint, dtype, device, progress)
-        source = f"checkpoint {checkpoint}"
+        config = ModelConfig.from_file(path / "config.json")
+        weights = _read_safetensors(path, dtype, device, progress)
+        source = f"checkpoint {path}"
     model = build_model(config, weights, backend, batch_invariant, quantization, source)
     if compile:
         model.compile()
@@ -182,31 +195,33 @@ def load_model(
 
 def build_model(
     config: ModelConfig,
-    weights: dict[str, torch.Tensor],
+    weights: GGUFWeights | dict[str, torch.Tensor] | dict[str, Weight],
     backend: str,
     batch_invariant: bool = False,
     quantization: str | None = None,
     source: str = "checkpoint",
 ) -> LlamaModel:
-    """A LlamaModel from Hugging Face tensor names -> tensors (consumed); backend as returned
-    by choose_backend. Every tensor's shape is checked against the config here, at load time.
-    source names the weights in error messages."""
+    """A LlamaModel from Hugging Face tensor names -> weights (consumed: float tensors, or a
+    GGUF file's codes and embedding blocks); backend as returned by choose_backend. Every
+    weight's shape is checked against the config here, at load time. source names the weights
+    in error messages."""
     shapes = config.tensor_shapes()
 
-    def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    def linear(weight: Weight, bias: torch.Tensor | None) -> Linear:
         return Linear(weight, bias, backend, batch_invariant, quantization)
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Any:
         tensor = maybe(name)
         if tensor is None:
             raise ValueError(f"{source} lacks tensor {name!r}")
         return tensor
 
-    def maybe(name: str) -> torch.Tensor | None:
+    def maybe(name: str) -> Any:
         tensor = weights.pop(name, None)
-        if tensor is not None and tuple(tensor.shape) != shapes[name]:
+        shape = None if tensor is None else weight_shape(tensor)
+        if shape is not None and shape != shapes[name]:
             raise ValueError(
-                f"{source}: tensor {name!r} has shape {list(tensor.shape)}, but the config "
+                f"{source}: tensor {name!r} has shape {list(shape)}, but the config "
                 f"implies {list(shapes[name])}"
             )
         return tensor
@@ -215,9 +230,9 @@ def build_model(
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         qkv_names = [f"{p}self_attn.{n}_proj" for n in "qkv"]
-        qkv_w = torch.cat([take(n + ".weight") for n in qkv_names])
+        qkv_w = stacked([take(n + ".weight") for n in qkv_names])
         qkv_b = torch.cat([take(n + ".bias") for n in qkv_names]) if config.qkv_bias else None
-        gate_up = torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
+        gate_up = stacked([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
         layers.append(
             DecoderLayer(
                 input_norm=take(f"{p}input_layernorm.weight"),
@@ -236,11 +251,18 @@ def build_model(
     if head is None:
         if not config.tie_word_embeddings:
             raise ValueError(f"{source} lacks tensor 'lm_head.weight'")
-        head = embed
+        head = embed.codes() if isinstance(embed, BlockEmbedding) else embed
     final_norm = take("model.norm.weight")
     lm_head = linear(head, None)
     pack_together([lin for la in layers for lin in (la.qkv, la.o, la.gate_up, la.down)] + [lm_head])
     return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant)
+
+
+def weight_shape(weight: Weight) -> tuple[int, ...]:
+    """[out, in] of a weight in any of the forms a checkpoint loads as."""
+    if isinstance(weight, AffineCodes):
+        return tuple(weight.codes.shape)
+    return tuple(weight.shape)
 
 
 def _read_safetensors(

@@ -229,6 +229,8 @@ class AffineCodes:
     codes: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor
+    group: int = 32
+    """Columns per (d, m): 32, or 16 (GGUF Q6_K's sub-blocks); d and m are [N, K'/group]."""
 
     @property
     def four_bit(self) -> bool:
