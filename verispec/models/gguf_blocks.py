@@ -128,11 +128,17 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
 
 
 def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
-    """The float32 values [N, K] the codes stand for: d * q + m per group (one rounding)."""
+    """The float32 values [N, K] the codes stand for: d * q + m per group. d * q is exact in
+    float32 (see the module's docstring), so the one rounding is the addition's, as gguf's."""
     n, k = codes.codes.shape
-    q = codes.codes.view(n, -1, codes.group).double()  # d q exact, so float64 then one rounding
-    w = q * codes.d.double().unsqueeze(-1) + codes.m.double().unsqueeze(-1)
-    return w.float().view(n, k)
+    out = torch.empty(n, k)
+    step = max(1, (1 << 22) // max(k, 1))  # rows at a time: transients stay a few megabytes
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        q = codes.codes[rows].view(-1, k // codes.group, codes.group).float()
+        w = q * codes.d[rows].unsqueeze(-1) + codes.m[rows].unsqueeze(-1)
+        out[rows] = w.view(-1, k)
+    return out
 
 
 def regrouped(codes: AffineCodes, group: int) -> AffineCodes:

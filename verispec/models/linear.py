@@ -245,6 +245,10 @@ def a8_ready(codes: AffineCodes) -> bool:
     )
 
 
+_MOVING = torch.empty(0)
+"""A packed weight's placeholder while pack_together moves it into an arena."""
+
+
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
     order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
@@ -261,15 +265,19 @@ def pack_together(linears: Sequence[Linear]) -> None:
         )
     for dtype in (torch.int8, torch.uint8, torch.float16, torch.float32):
         some = [lin for lin in native if cast(torch.Tensor, lin.weight).dtype == dtype]
-        moved = native_linear.into_arena([cast(torch.Tensor, lin.weight) for lin in some])
-        for lin, weight in zip(some, moved, strict=True):
+        weights = [cast(torch.Tensor, lin.weight) for lin in some]
+        for lin in some:  # the list alone holds them, so into_arena frees each once copied
+            lin.weight = _MOVING
+        for lin, weight in zip(some, native_linear.into_arena(weights), strict=True):
             lin.weight = weight
     for dtype in (torch.float32, torch.float16):  # d and m: float32, or float16 under a8
         coded = [lin for lin in native
                  if lin.native_scales is not None and lin.native_scales.dtype == dtype]  # fmt: skip
-        moved = native_linear.into_arena([cast(torch.Tensor, lin.native_scales) for lin in coded])
-        for lin, scales in zip(coded, moved, strict=True):
-            lin.native_scales = scales
+        scales = [cast(torch.Tensor, lin.native_scales) for lin in coded]
+        for lin in coded:
+            lin.native_scales = _MOVING
+        for lin, moved in zip(coded, native_linear.into_arena(scales), strict=True):
+            lin.native_scales = moved
 
 
 class Linear:

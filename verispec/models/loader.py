@@ -25,7 +25,7 @@ from verispec.models.gguf_blocks import stacked
 from verispec.models.hub import named_model_path
 from verispec.models.linear import Linear, LinearBackend, choose_backend, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel
-from verispec.models.native_linear import AffineCodes
+from verispec.models.native_linear import AffineCodes, release_freed_memory
 from verispec.models.quantization import check_quantization
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -255,6 +255,7 @@ def build_model(
     final_norm = take("model.norm.weight")
     lm_head = linear(head, None)
     pack_together([lin for la in layers for lin in (la.qkv, la.o, la.gate_up, la.down)] + [lm_head])
+    release_freed_memory()
     return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant)
 
 
