@@ -117,7 +117,7 @@ def _add_tensors(
 
 
 # Byte offsets of the float16 scales in one block of the K-quants gguf cannot quantize to.
-K_QUANT_SCALES = {"Q4_K": (0, 2), "Q6_K": (208,)}
+K_QUANT_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 K_QUANT_STD = 0.15
 """Standard deviation of the random K-quant weights: large enough for varied greedy text."""
 

@@ -17,7 +17,8 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from verispec import LLM, SamplingParams
-from verispec.models.gguf import hf_tensor_name, unpermute_rotary_rows
+from verispec.models.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
+from verispec.models.linear import native_usable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.tokenizer import Tokenizer
@@ -37,10 +38,12 @@ CASES = (
     ("mistral", "Q4_0", {"sliding_window": None}),  # llama.cpp keeps no Mistral window
     ("qwen2", "Q8_0", {}),
     ("qwen3", "Q4_0", QWEN3),
+    ("qwen2", "Q5_0", {}),
     ("llama", "Q4_1", {}),
     ("mistral", "Q5_1", {"sliding_window": None}),
     ("qwen2", "BF16", {}),
     ("llama", "Q4_K", WIDE),
+    ("llama", "Q5_K", WIDE),
     ("qwen2", "Q6_K", WIDE),
     ("qwen3", "Q6_K", {**WIDE, **QWEN3}),
 )
@@ -68,6 +71,8 @@ class Case:
     """transformers' float32 model read from the same GGUF file."""
     source: PreTrainedModel
     """The transformers model the file was written from (before quantization)."""
+    qtype: str
+    """The GGML type of its 2-D weights."""
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -78,7 +83,7 @@ def case(request: pytest.FixtureRequest, tmp_path_factory, tokenizer, write_gguf
     path = root / "model.gguf"
     write_gguf(path, source, tokenizer, qtype)
     hf = AutoModelForCausalLM.from_pretrained(root, gguf_file=path.name, dtype=torch.float32)
-    return Case(path, load_model(path, torch.float32, CPU, "torch"), hf.eval(), source)
+    return Case(path, load_model(path, torch.float32, CPU), hf.eval(), source, qtype)
 
 
 def test_logits_match_transformers_gguf_load(case: Case) -> None:
@@ -99,6 +104,20 @@ def test_greedy_tokens_match_transformers(case: Case) -> None:
     [output] = llm.generate([prompt], params)
     assert output.token_ids == expected
     assert len(set(expected)) > 1  # the case is sharp enough to say something
+
+
+def test_quantized_blocks_run_as_their_codes(case: Case) -> None:
+    """No quantized weight was widened to float: each is packed as the file's integer codes
+    (where the native kernel runs), the embedding table left as its blocks."""
+    if not native_usable():
+        pytest.skip("the native kernel cannot run here")
+    qtype = case.qtype
+    linears = [lin for la in case.ours.layers for lin in (la.qkv, la.o, la.gate_up, la.down)]
+    if qtype in ("F16", "BF16"):
+        return
+    assert all(lin.kernel == "native" for lin in linears)
+    assert all(lin.weight.dtype in (torch.int8, torch.uint8) for lin in linears), qtype
+    assert isinstance(case.ours.embed, BlockEmbedding)
 
 
 def test_config_comes_from_the_metadata(case: Case) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +55,53 @@ def is_gguf(path: Path) -> bool:
     return path.suffix.lower() == ".gguf" and not path.is_dir()
 
 
-def gguf_weights(path: Path, progress: bool = False) -> tuple[ModelConfig, GGUFWeights]:
-    """The config and the file's weights, read on demand (GGUFWeights). Every check runs
-    before this returns (ValueError), with a warning naming quantized types that have no
-    native kernel (they load as float32)."""
-    reader = open_gguf(path)
-    config_json = gguf_config_json(reader, path)
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Where one tensor lies in a GGUF file: its llama.cpp name, GGML type, GGUF shape
+    (innermost dimension first, as the file lists it) and byte range."""
+
+    name: str
+    kind: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def describe(reader: GGUFReader) -> dict[str, Any]:
+    """What gguf_weights needs of a file besides its config, small enough to cache: the
+    architecture and every tensor's TensorInfo (as JSON-ready dicts)."""
+    return {
+        "architecture": str(reader.fields["general.architecture"].contents()),
+        "tensors": [asdict(TensorInfo(t.name, int(t.tensor_type), tuple(int(n) for n in t.shape),
+                                      int(t.data_offset), int(t.n_bytes)))
+                    for t in reader.tensors],
+    }  # fmt: skip
+
+
+def gguf_weights(
+    path: Path, progress: bool = False, cached: tuple[dict[str, Any], dict[str, Any]] | None = None
+) -> tuple[ModelConfig, GGUFWeights]:
+    """The config and the file's weights, read on demand (GGUFWeights). cached: the file's
+    config.json dict and `describe` from the metadata cache, which spares parsing the file's
+    metadata (its vocabulary arrays are most of that). Every check runs before this returns
+    (ValueError), with a warning naming quantized types that have no native kernel (they
+    load as float32)."""
+    if cached is None:
+        reader = open_gguf(path)
+        config_json, described = gguf_config_json(reader, path), describe(reader)
+        del reader
+    else:
+        config_json, described = cached
     config = ModelConfig.from_dict(config_json)
-    check_tensor_types(reader, path)
-    slow = sorted({t.tensor_type.name for t in reader.tensors
-                   if t.tensor_type not in (*CODED_TYPES, *FLOAT_TYPES)})  # fmt: skip
+    infos = [TensorInfo(**{**t, "shape": tuple(t["shape"])}) for t in described["tensors"]]
+    _check_types({GGMLQuantizationType(t.kind): t.name for t in reversed(infos)}, path)
+    slow = sorted({GGMLQuantizationType(t.kind).name for t in infos
+                   if t.kind not in (*CODED_TYPES, *FLOAT_TYPES)})  # fmt: skip
     if slow:
         log.warning("GGUF file %s: tensor types %s have no native kernel; they load as float32 "
                     "(4 bytes a weight)", path, ", ".join(slow))  # fmt: skip
-    return config, GGUFWeights(reader, config, path, progress)
+    permuted = described["architecture"] in PERMUTED_ARCHITECTURES
+    return config, GGUFWeights(infos, permuted, config, path, progress)
 
 
 FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
@@ -80,39 +114,47 @@ class GGUFWeights:
     others dequantized to float32; q/k rows back in Hugging Face order. Popping in any order
     keeps one tensor's decoding in memory at a time; each read tensor's pages are released."""
 
-    def __init__(self, reader: GGUFReader, config: ModelConfig, path: Path,
+    def __init__(self, infos: list[TensorInfo], permuted: bool, config: ModelConfig, path: Path,
                  progress: bool) -> None:  # fmt: skip
         self.path = path
-        self.tensors = {hf_tensor_name(t.name, path): t for t in reader.tensors}
-        self.permuted = reader.fields["general.architecture"].contents() in PERMUTED_ARCHITECTURES
+        self.tensors = {hf_tensor_name(t.name, path): t for t in infos}
+        self.file = np.memmap(path, dtype=np.uint8, mode="r")
+        self.permuted = permuted
         self.rotary_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
         self.bar = tqdm(total=len(self.tensors), desc=f"reading {path.name}", unit="tensor",
                         disable=not progress, leave=False)  # fmt: skip
 
     def pop(self, name: str, default: None = None) -> Weight | None:
         """The weight called name, read now and forgotten here; default when there is none."""
-        tensor = self.tensors.pop(name, None)
-        if tensor is None:
+        info = self.tensors.pop(name, None)
+        if info is None:
             return default
         self.bar.update()
-        if not self.tensors:
+        kind = GGMLQuantizationType(info.kind)
+        part = info.name.split(".")[-2]  # "blk.0.attn_q.weight" -> "attn_q"
+        permute = self.permuted and part in self.rotary_heads
+        rows = info.shape[1] if len(info.shape) == 2 else 0
+        columns = info.shape[0]
+        if info.offset + info.nbytes > len(self.file):
+            raise ValueError(f"GGUF file {self.path} is truncated: tensor {info.name!r} ends "
+                             "past the end of the file")  # fmt: skip
+        raw = self.file[info.offset : info.offset + info.nbytes]
+        if not self.tensors:  # the last one: the mapping goes once its views are gone
             self.bar.close()
-        kind = tensor.name.split(".")[-2]  # "blk.0.attn_q.weight" -> "attn_q"
-        permute = self.permuted and kind in self.rotary_heads
-        rows = int(tensor.shape[-1]) if len(tensor.shape) == 2 else 0
-        columns = int(tensor.shape[0])
-        if name == "model.embed_tokens.weight" and tensor.tensor_type in CODED_TYPES:
-            return BlockEmbedding(self.path, int(tensor.data_offset), tensor.tensor_type, rows,
-                                  columns)  # fmt: skip
-        if rows and tensor.tensor_type in CODED_TYPES:
-            codes = block_codes(tensor.data, tensor.tensor_type, rows, columns)
-            _release(tensor.data)
+            self.file = np.empty(0, dtype=np.uint8)
+        if name == "model.embed_tokens.weight" and kind in CODED_TYPES:
+            return BlockEmbedding(self.path, info.offset, kind, rows, columns)
+        if rows and kind in CODED_TYPES:
+            codes = block_codes(raw.reshape(rows, -1), kind, rows, columns)
+            _release(raw)
             if permute:
-                order = unpermute_rotary_rows(torch.arange(rows), self.rotary_heads[kind])
+                order = unpermute_rotary_rows(torch.arange(rows), self.rotary_heads[part])
                 codes = permuted_rows(codes, order)
             return codes
-        values = dequantized(tensor)
-        return unpermute_rotary_rows(values, self.rotary_heads[kind]) if permute else values
+        values = dequantize(raw.reshape(max(rows, 1), -1), kind)
+        values = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: never the file
+        values = values.reshape(tuple(reversed(info.shape)))
+        return unpermute_rotary_rows(values, self.rotary_heads[part]) if permute else values
 
 
 class BlockEmbedding:
@@ -285,7 +327,10 @@ def gguf_config_json(reader: GGUFReader, path: Path) -> dict[str, Any]:
 
 def check_tensor_types(reader: GGUFReader, path: Path) -> None:
     """ValueError naming a tensor whose type gguf cannot dequantize, before any is."""
-    first_of_type = {t.tensor_type: t.name for t in reversed(reader.tensors)}
+    _check_types({t.tensor_type: t.name for t in reversed(reader.tensors)}, path)
+
+
+def _check_types(first_of_type: dict[GGMLQuantizationType, str], path: Path) -> None:
     for kind, name in first_of_type.items():
         if not _dequantizable(kind):
             supported = [t.name for t in GGML_QUANT_SIZES if _dequantizable(t)]

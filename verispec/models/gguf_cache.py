@@ -3,7 +3,8 @@ cache_dir()/gguf/, so later loads read a tokenizer.json instead of rebuilding th
 the file's vocabulary arrays (for a 49k-token vocabulary that is most of a load's time). The
 weights are never cached: they are read from the GGUF file itself (gguf.GGUFWeights).
 
-An entry holds config.json, the tokenizer as transformers saves it, generation_config.json (the
+An entry holds config.json, TENSORS_FILE (each tensor's type, shape and byte range), the
+tokenizer as transformers saves it, generation_config.json (the
 tokenizer's EOS id) and SOURCE_FILE; entries of CACHE_FORMAT 1 also held every weight as
 float32 (model.safetensors, often gigabytes); the next entry written removes them.
 Its name digests the GGUF's resolved path, size, mtime_ns and inode (not its
@@ -26,7 +27,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verispec.models.gguf import gguf_config_json, open_gguf
+from verispec.models.gguf import describe, gguf_config_json, open_gguf
 from verispec.models.hub import cache_dir
 
 log = logging.getLogger("verispec")
@@ -34,11 +35,13 @@ log = logging.getLogger("verispec")
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Part of every entry's name: bump it when what an entry holds changes."""
 CONVERTING_PACKAGES = ("gguf", "safetensors", "tokenizers", "transformers")
 DISABLE_ENV = "VERISPEC_NO_GGUF_CACHE"
 SOURCE_FILE = "verispec_source.json"
+TENSORS_FILE = "gguf_tensors.json"
+"""In each entry: the architecture and where each tensor lies in the file (gguf.describe)."""
 """In each entry: the GGUF it came from, and the tokenizer flags transformers does not save."""
 TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token")
 """transformers leaves these out of tokenizer_config.json; passed again, they rebuild the
@@ -122,6 +125,20 @@ def write_entry(path: Path, entry: Path, progress: bool = False) -> Path | None:
     return entry
 
 
+def cached_description(
+    path: Path, progress: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(config.json dict, gguf.describe) of GGUF file path from its cache entry (written on
+    first use), or None when the cache is off or unusable: gguf.gguf_weights then parses the
+    file's metadata itself."""
+    entry = cached_checkpoint(path, progress)
+    try:
+        return (json.loads((entry / "config.json").read_text()),
+                json.loads((entry / TENSORS_FILE).read_text())) if entry else None  # fmt: skip
+    except (OSError, ValueError):
+        return None
+
+
 def gguf_tokenizer(path: Path, model_type: str | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer transformers builds from a GGUF file's metadata (seconds).
 
@@ -175,7 +192,10 @@ def _tokenizer_class(model_type: str) -> type[PreTrainedTokenizerBase]:
 
 def _convert(path: Path, out: Path, progress: bool) -> None:
     """Write the checkpoint directory of GGUF file path into out (an empty directory)."""
-    config_json = gguf_config_json(open_gguf(path), path)
+    reader = open_gguf(path)
+    config_json = gguf_config_json(reader, path)
+    _write_json(out / TENSORS_FILE, describe(reader))
+    del reader
     _write_json(out / "config.json", config_json)
     tokenizer = gguf_tokenizer(path, config_json["model_type"])
     tokenizer.save_pretrained(str(out))

@@ -296,8 +296,6 @@ class Linear:
             keep = backend in ("auto", "native") and native_usable()
             if keep and quantization in (None, *ACTIVATION_QUANTIZATIONS):
                 codes = weight
-            if codes is not None and codes.group != CODE_COLUMNS:  # TEMP until kind 8 lands
-                codes = None
             weight = dequantize_codes(weight) if codes is None else weight.codes
         self.out_features, self.in_features = weight.shape
         self.bias = bias

@@ -22,6 +22,7 @@ from verispec.models.gguf import (
     read_gguf,
 )
 from verispec.models.gguf_blocks import stacked
+from verispec.models.gguf_cache import cached_description
 from verispec.models.hub import named_model_path
 from verispec.models.linear import Linear, LinearBackend, choose_backend, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel
@@ -177,7 +178,7 @@ def load_model(
     check_compile(compile, batch_invariant)
     backend = choose_backend(linear_backend, device, dtype, compile)
     if is_gguf(path):
-        config, from_file = gguf_weights(path, progress)
+        config, from_file = gguf_weights(path, progress, cached_description(path, progress))
         if device.type == "cpu" and dtype == torch.float32:
             weights: GGUFWeights | dict[str, torch.Tensor] = from_file
         else:  # other devices and dtypes compute with the float values, cast like safetensors

@@ -1,0 +1,119 @@
+"""A real GGUF pair on this CPU: load time, peak memory and plain vs draft-model decoding, with
+llama.cpp's own llama-bench on the same file beside it when its binary is given.
+
+Each configuration runs in a fresh process (so its peak RSS is its own); the decode figures
+are medians over the prompts, greedy, one prompt at a time, and every speculative answer is
+checked equal to the plain one. Example (the Qwen2.5-Coder pair):
+
+    python benchmarks/real_pair.py --target qwen2.5-coder-1.5b-instruct \
+        --draft qwen2.5-coder-0.5b-instruct --llama-bench /path/to/llama-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+)
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """In this process: load, answer every prompt, report figures as one JSON line."""
+    import torch
+
+    from verispec import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    spec: Any = None
+    if args.method == "draft_model":
+        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+    llm = LLM(model=args.target, speculative=spec, quantization=args.quantization)
+    load_s = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4))  # warm-up
+    rates, texts, accepted = [], [], []
+    for prompt in PROMPTS:
+        out = llm.chat([{"role": "user", "content": prompt}], params)[0]
+        gaps = out.metrics.itl_s
+        decode_s = sum(gaps) if gaps else 0.0
+        rates.append((len(out.token_ids) - 1) / decode_s if decode_s else 0.0)
+        texts.append(out.token_ids)
+        accepted.append(out.metrics.acceptance_rate)
+    return {
+        "method": args.method, "quantization": args.quantization, "load_s": round(load_s, 1),
+        "decode_tok_s": round(statistics.median(rates), 2),
+        "acceptance": None if args.method == "plain" else [round(a or 0, 2) for a in accepted],
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "tokens": texts,
+    }  # fmt: skip
+
+
+def llama_bench(binary: str, model_path: str, threads: int, tokens: int) -> float:
+    """llama-bench's decode tokens/s (tg) on the same file and threads."""
+    done = subprocess.run([binary, "-m", model_path, "-t", str(threads), "-p", "0", "-n",
+                           str(tokens), "-o", "json"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    rows = json.loads(done.stdout)
+    return float(next(r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench binary")
+    p.add_argument("--configs", default="plain,plain:a8,draft_model",
+                   help="comma-separated method[:quantization] runs")  # fmt: skip
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--method", default="plain", help=argparse.SUPPRESS)
+    p.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, "
+          f"{args.tokens} tokens, greedy, {len(PROMPTS)} code prompts")  # fmt: skip
+    results = []
+    for config in args.configs.split(","):
+        method, _, quantization = config.partition(":")
+        command = [sys.executable, __file__, "--one", "--method", method, "--target",
+                   args.target, "--draft", args.draft, "--k", str(args.k), "--tokens",
+                   str(args.tokens), "--threads", str(args.threads)]  # fmt: skip
+        if quantization:
+            command += ["--quantization", quantization]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{config}: failed\n{done.stderr[-2000:]}")
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(result)
+        same = result["tokens"] == results[0]["tokens"] if result["quantization"] is None else None
+        print(f"{config:>16}: decode {result['decode_tok_s']:6.2f} tok/s, load "
+              f"{result['load_s']:5.1f} s, peak RSS {result['peak_rss_gb']:.2f} GB, acceptance "
+              f"{result['acceptance']}, same tokens as plain: {same}")  # fmt: skip
+    if args.llama_bench:
+        from verispec.models.loader import resolve_model_path
+
+        for name in (args.target, args.draft):
+            rate = llama_bench(args.llama_bench, str(resolve_model_path(name)), args.threads,
+                               args.tokens)  # fmt: skip
+            print(f"llama-bench {name}: decode {rate:.2f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
