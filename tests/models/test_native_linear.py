@@ -370,3 +370,184 @@ def test_a8_needs_weights_stored_as_codes() -> None:
     coded = Linear(w, None, "auto", quantization="w8a8")  # rounded to q8_0 first
     pack_together([coded])
     assert coded.weight.dtype == torch.uint8
+
+
+def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> native_linear.AffineCodes:
+    """GGUF K-quant-style codes, whose d and m are products of float16 values and 6- or 8-bit
+    scales (so mostly not float16 values): "q4_k" per 32 columns d = d16 * sc, m = -dmin16 * mn,
+    q in 0..15; "q6_k" per 16 columns d = d16 * sc (sc signed 8-bit), m = 0, q in -32..31;
+    "mixed" per 16 columns both forms' d and m in turn (fused weights of both kinds)."""
+    g = torch.Generator().manual_seed(seed)
+    group = 32 if form == "q4_k" else 16
+    shape = (rows, chunks * 32 // group)
+    d16 = (torch.rand(rows, 1, generator=g) * 1e-3 + 1e-4).half().float()
+    if form == "q4_k":
+        d = d16 * torch.randint(1, 64, shape, generator=g)
+        m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
+        q = torch.randint(0, 16, (rows, chunks * 32), generator=g, dtype=torch.int8)
+        return native_linear.AffineCodes(q, d, m)
+    d = d16 * torch.randint(-128, 128, shape, generator=g)
+    q = torch.randint(-32, 32, (rows, chunks * 32), generator=g, dtype=torch.int8)
+    m = torch.zeros(shape)
+    if form == "mixed":
+        m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
+        m[: rows // 2] = 0  # the first rows Q6_K-like, the others Q4_K-like
+    return native_linear.AffineCodes(q, d, m, group=group)
+
+
+def materialized(codes: native_linear.AffineCodes) -> torch.Tensor:
+    """W = d * q + m in float32, as the dequantizer computes it."""
+    d = codes.d.repeat_interleave(codes.group, 1)
+    m = codes.m.repeat_interleave(codes.group, 1)
+    return torch.addcmul(m, d, codes.codes.float())
+
+
+def test_k_quant_layouts() -> None:
+    """Kind 7: kind 4's codes with float32 d and m; kind 8: kind 2's codes with d and m each 16
+    columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both."""
+    codes = k_quant_codes(37, 3, 1, "q4_k")
+    packed, scales = native_linear.pack_codes(codes)
+    assert packed.shape == (3, 3, 4, 16, 4) and packed.dtype == torch.int8
+    assert scales.shape == (3, 3, 2, 16) and scales.dtype == torch.float32
+    assert native_linear.kind_of(packed, scales) == 7
+    assert scales[1, 2, 0, 3] == codes.d[19, 2] and scales[1, 2, 1, 3] == codes.m[19, 2]
+    assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
+    for form, kind, dm in (("mixed", 8, 2), ("q6_k", 9, 1)):
+        codes = k_quant_codes(37, 3, 2, form)
+        packed, scales = native_linear.pack_codes(codes)
+        assert native_linear.kind_of(packed, scales) == kind
+        assert packed.shape == (3, 3, 16, 32) and scales.shape == (3, 3, 2, dm, 16)
+        assert torch.equal(packed[1, 2, 3], codes.codes[19, 64:96])
+        assert scales[1, 2, 1, 0, 3] == codes.d[19, 5]  # columns 80 .. 95: group 5
+        if kind == 8:
+            assert scales[1, 2, 0, 1, 3] == codes.m[19, 4] != 0
+        assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == (1.5 if kind == 8 else 1.25)
+        with pytest.raises(ValueError, match="one d and m per 32 columns"):
+            native_linear.pack_codes_a8(codes)
+    with pytest.raises(ValueError, match="float16 values"):
+        native_linear.pack_codes_a8(k_quant_codes(37, 3, 1, "q4_k"))
+
+
+ROW_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 40)  # 40: prefill-sized calls unpack each block once
+
+
+def assert_products(packed, scales, twin, twin_scales, w, out, exact: bool) -> None:
+    """The products of (packed, scales) near x W^T (+ b) in float32 on every instruction set,
+    row count, with and without bias, rows bitwise lone rows; bitwise those of (twin,
+    twin_scales) where exact."""
+    g = torch.Generator().manual_seed(out)
+    x = torch.randn(40, w.shape[1], generator=g)
+    bias = torch.randn(out, generator=g)
+    for kernel, b in itertools.product(kernels(), (bias, None)):
+        alone = native_linear._product(kernel, x[:1], packed, b, out, scales)[0]
+        for rows in ROW_COUNTS:
+            got = native_linear._product(kernel, x[:rows], packed, b, out, scales)
+            reference = x[:rows] @ w.T + (0 if b is None else b)
+            scale = (x[:rows].abs() @ w.abs().T).amax()
+            torch.testing.assert_close(got, reference, atol=float(scale) * 2e-6, rtol=0)
+            assert torch.equal(got[0], alone), (kernel.isa_name, rows)
+            want = native_linear._product(kernel, x[:rows], twin, b, out, twin_scales)
+            if exact:
+                assert torch.equal(got, want), (kernel.isa_name, rows)
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [37, 64, 200])
+def test_kind_7_gives_kind_2s_products(out: int) -> None:
+    """Q4_K-like codes two a byte with float32 d and m (kind 7) give, bit for bit, the products
+    of the same codes a byte each (kind 2)."""
+    codes = k_quant_codes(out, 4, out, "q4_k")
+    packed, scales = native_linear.pack_codes(codes)
+    assert native_linear.kind_of(packed, scales) == 7
+    bytes_each, full = native_linear._codes_and_scales(codes)
+    assert native_linear.kind_of(bytes_each, full) == 2 and torch.equal(full, scales)
+    assert_products(packed, scales, bytes_each, full, materialized(codes), out, exact=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [37, 64, 200])
+@pytest.mark.parametrize("form", ["mixed", "q6_k"])
+def test_16_column_scales_match_float32(form: str, out: int) -> None:
+    """d and m each 16 columns (kind 8; kind 9 with d alone): products near the float32 ones
+    of the dequantized weight; kind 9's bitwise kind 8's with its m stored as zeros."""
+    codes = k_quant_codes(out, 4, out, form)
+    packed, scales = native_linear.pack_codes(codes)
+    kind = native_linear.kind_of(packed, scales)
+    assert kind == (8 if form == "mixed" else 9)
+    with_m = torch.cat([scales, torch.zeros_like(scales)], dim=3) if kind == 9 else scales
+    assert native_linear.kind_of(packed, with_m) == 8
+    assert_products(packed, scales, packed, with_m, materialized(codes), out, exact=kind == 9)
+
+
+@needs_kernel
+@pytest.mark.parametrize("form", ["q4_k", "q8_0"])
+def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
+    """Where each chunk's two halves share d and m, kind 8 (and, m being 0, kind 9) gives
+    kind 2's bits."""
+    g = torch.Generator().manual_seed(11)
+    if form == "q4_k":
+        codes = k_quant_codes(45, 4, 12, "q4_k")
+    else:
+        d = torch.rand(45, 4, generator=g) * 0.01 + 1e-3  # float32 d, m = 0
+        q = torch.randint(-127, 128, (45, 128), generator=g, dtype=torch.int8)
+        codes = native_linear.AffineCodes(q, d, torch.zeros(45, 4))
+    bytes_each, full = native_linear._codes_and_scales(codes)
+    assert native_linear.kind_of(bytes_each, full) == 2
+    halves = native_linear.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
+                                       codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
+    packed, scales = native_linear.pack_codes(halves)
+    assert native_linear.kind_of(packed, scales) == (8 if form == "q4_k" else 9)
+    assert_products(packed, scales, bytes_each, full, materialized(codes), 45, exact=True)
+
+
+def k_quantized(w: torch.Tensor, form: str) -> native_linear.AffineCodes:
+    """w's values rounded to K-quant-style codes with float32 d and m: "q4_k" per 32 columns
+    m = min, d = (max - min) / 15 (kind 7); "q6_k" per 16 columns d = max |w| / 31, m = 0
+    (kind 9); "mixed" per 16 columns as q4_k's (kind 8)."""
+    group = 32 if form == "q4_k" else 16
+    chunks = w.view(w.shape[0], -1, group)
+    if form == "q6_k":
+        m = torch.zeros_like(chunks[..., :1])
+        d = chunks.abs().amax(-1, keepdim=True) / 31
+        lo, hi = -32, 31
+    else:
+        m = chunks.amin(-1, keepdim=True)
+        d = (chunks.amax(-1, keepdim=True) - m) / 15
+        lo, hi = 0, 15
+    q = torch.round((chunks - m) / d).clamp(lo, hi).to(torch.int8).view_as(w)
+    return native_linear.AffineCodes(q, d[..., 0], m[..., 0], group=group)
+
+
+def unpacked(lin: Linear) -> torch.Tensor:
+    """A native layer's float weight [out, in] from its packed blocks (`pack`'s inverse)."""
+    packed = lin.weight
+    blocks, chunks = packed.shape[:2]
+    whole = packed.float().permute(0, 2, 1, 3).reshape(blocks * 16, chunks * 16)
+    return whole[: lin.out_features, : lin.in_features]
+
+
+@needs_kernel
+def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
+    """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
+    from conftest import make_checkpoint
+
+    from verispec.models.loader import load_model
+    from verispec.models.native_layer import NativeStack
+
+    from .harness import Runner, assert_runs_match
+
+    make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
+    runners = []
+    for native in (True, False):
+        model = load_model(tmp_path, torch.float32, CPU, "native")
+        for layer in model.layers:
+            for lin, form in ((layer.qkv, "mixed"), (layer.o, "q4_k"), (layer.gate_up, "q6_k"),
+                              (layer.down, "q4_k")):  # fmt: skip
+                codes = k_quantized(unpacked(lin), form)
+                lin.weight, lin.native_scales = native_linear.pack_codes(codes)
+        assert {native_linear.kind_of(lin.weight, lin.native_scales) for layer in model.layers
+                for lin in (layer.qkv, layer.o, layer.gate_up)} == {7, 8, 9}  # fmt: skip
+        model.native = (NativeStack(model.layers, model.config, model.inv_freq, model.final_norm)
+                        if native else None)  # fmt: skip
+        runners.append(Runner(model))
+    assert_runs_match(runners[0], runners[1], 1e-5)

@@ -86,7 +86,8 @@ class KeyPlan:
 
 
 class _Linear(ctypes.Structure):
-    """layer.c's Linear: one packed weight (kind 0 float32, 1 float16, 2 codes), out, in."""
+    """layer.c's Linear: one packed weight (kind 0 float32, 1 float16, 2-9 codes with their
+    scales: native_linear.kind_of), out, in."""
 
     _fields_ = [
         ("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),

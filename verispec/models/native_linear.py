@@ -187,7 +187,9 @@ def into_arena(packed: list[torch.Tensor]) -> list[torch.Tensor]:
     Why: a decode step runs its products one after another, each over a few megabytes. Apart,
     each starts cold on 4 KiB pages (TLB misses, prefetchers ramping up); in one arena of huge
     pages, in forward order, they stream at about 1.35x the rate (benchmarks/README.md). Where
-    madvise is missing or refused the arena still holds them in order.
+    madvise is missing or refused the arena still holds them in order. Each entry of packed is
+    replaced by its view as it is copied, so a caller that passes the only references frees
+    the originals one by one.
     """
     if not packed:
         return []
@@ -199,12 +201,24 @@ def into_arena(packed: list[torch.Tensor]) -> list[torch.Tensor]:
     start = (-buffer.data_ptr()) % HUGE_PAGE // item
     _advise_huge_pages(buffer.data_ptr() + start * item, total * item)
     views, offset = [], start
-    for p in packed:
+    for i, p in enumerate(packed):
         view = buffer[offset : offset + p.numel()].view(p.shape)
         view.copy_(p)
         views.append(view)
         offset += p.numel()
+        packed[i] = view  # the original goes now (when the list held its last reference): the
+        del p  # arena's untouched pages cost nothing yet, so the peak stays near one copy
+        release_freed_memory()
     return views
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the system (glibc's malloc_trim): without it, memory a
+    load frees (decoded blocks, packing copies) stays in the process and adds to its peak."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the memory is reused, only not returned
+        pass
 
 
 def _advise_huge_pages(address: int, size: int) -> None:
@@ -223,8 +237,9 @@ CODE_COLUMNS = 32
 
 @dataclass(frozen=True)
 class AffineCodes:
-    """W [N, K] as w = d * q + m per row and 32-column chunk, exactly: codes q [N, K'] int8,
-    d and m [N, K'/32] float32 (K padded with zeros to K', a multiple of 32)."""
+    """W [N, K] as w = d * q + m per row and 32-column chunk (or 16-column half of one, see
+    group), exactly: codes q [N, K'] int8, d and m [N, K'/group] float32 (K padded with zeros to
+    K', a multiple of 32)."""
 
     codes: torch.Tensor
     d: torch.Tensor
@@ -234,7 +249,7 @@ class AffineCodes:
 
     @property
     def four_bit(self) -> bool:
-        """Every code in 0..15 (GGUF Q4_1 blocks): the kernel then stores two a byte."""
+        """Every code in 0..15 (GGUF Q4_1, Q4_K blocks): the kernel then stores two a byte."""
         return bool(((self.codes >= 0) & (self.codes <= 15)).all())
 
 
@@ -305,41 +320,58 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
     2, 16]: d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
     hold them (every kind gives the same products):
-    - every code in 0..15 and every d and m a float16 value (GGUF Q4_1 blocks): two codes a
-      byte and float16 d and m, linear.c's kind 4 (0.625 bytes a weight; its decode rows look
-      weights up in a table of 16): codes [N'/16, K'/32, 4, 16, 4] int8, element [b, c, v, l,
-      r] holding the codes of row 16 b + 4 v + r at columns 32 c + l (low 4 bits) and 32 c + 16
-      + l (high 4 bits), so that a 32-bit lane l holds column l of four rows;
+    - every code in 0..15 (GGUF Q4_1, Q4_K blocks): two codes a byte, codes [N'/16, K'/32, 4,
+      16, 4] int8, element [b, c, v, l, r] holding the codes of row 16 b + 4 v + r at columns
+      32 c + l (low 4 bits) and 32 c + 16 + l (high 4 bits), so that a 32-bit lane l holds
+      column l of four rows; with float16 d and m where every d and m is a float16 value (Q4_1),
+      linear.c's kind 4 (0.625 bytes a weight; its decode rows look weights up in a table of
+      16), else float32 d and m (Q4_K), kind 7 (0.75 bytes a weight);
     - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
       [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
-    - else float32 d and m, kind 2.
+    - else float32 d and m, kind 2;
+    - group 16 (GGUF Q6_K, or fused weights with some parts Q6_K): codes a byte each, scales
+      [N'/16, K'/32, 2, 2, 16] float32, element [b, c, h, 0 or 1, j] the d or m of row 16 b + j,
+      columns 32 c + 16 h .. 32 c + 16 h + 15, kind 8 (1.5 bytes a weight); where every m is
+      +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight).
 
     Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
     (row 5 = 4 * 1 + 1)."""
     packed, scales = _codes_and_scales(codes)
-    half = scales.half()
-    if not torch.equal(half.float(), scales):
+    if codes.group != CODE_COLUMNS:
+        if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0: kind 9
+            return packed, scales[:, :, :, :1].contiguous()
         return packed, scales
+    half = scales.half()
+    float16 = torch.equal(half.float(), scales)
     if codes.four_bit:
         low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
         pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
         blocks, chunks = packed.shape[:2]
-        return pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous(), half
+        nibbles = pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous()
+        return nibbles, half if float16 else scales
+    if not float16:
+        return packed, scales
     if not bool(scales[:, :, 1].any()):
         return packed, half[:, :, :1].contiguous()
     return packed, scales
 
 
 def _codes_and_scales(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """pack_codes' codes and its scales as float32 d and m."""
+    """pack_codes' codes and its scales as float32 d and m: kind 2's, or for group 16 kind 8's
+    [N'/16, K'/32, 2, 2, 16]."""
+    assert codes.group in (CODE_COLUMNS, CODE_COLUMNS // 2), codes.group
     n, k = codes.codes.shape
     rows = _padded(n)
     q = torch.zeros(rows, k, dtype=torch.int8)
     q[:n] = codes.codes
-    dm = torch.zeros(2, rows, k // CODE_COLUMNS)
+    dm = torch.zeros(2, rows, k // codes.group)
     dm[0, :n], dm[1, :n] = codes.d, codes.m
     packed = _row_blocks(q, CODE_COLUMNS)
-    scales = dm.view(2, -1, ROWS, k // CODE_COLUMNS).permute(1, 3, 0, 2).contiguous()
+    chunks = k // CODE_COLUMNS
+    if codes.group == CODE_COLUMNS:
+        scales = dm.view(2, -1, ROWS, chunks).permute(1, 3, 0, 2).contiguous()
+    else:  # [2 (d, m), B, 16, C, 2 (h)] -> [B, C, h, d or m, 16]
+        scales = dm.view(2, -1, ROWS, chunks, 2).permute(1, 3, 4, 0, 2).contiguous()
     return packed, scales
 
 
@@ -352,10 +384,17 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     of 1.25. Example: a Q8_0 code -3 is stored as 125.
     Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6: uint8 [N'/16,
     K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e] | that
-    of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight)."""
+    of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
+    Raises ValueError for codes whose d and m are not float16 values or change every 16 columns
+    (GGUF K-quants): the a8 kinds store float16 d and m per 32 columns."""
+    if codes.group != CODE_COLUMNS:
+        raise ValueError(f"quantization a8 needs one d and m per {CODE_COLUMNS} columns; these "
+                         f"codes have one per {codes.group} (GGUF Q6_K blocks)")  # fmt: skip
     packed, scales = _codes_and_scales(codes)
     half = scales.half()
-    assert torch.equal(half.float(), scales), "affine codes' d and m are float16 values"
+    if not torch.equal(half.float(), scales):
+        raise ValueError("quantization a8 needs d and m that are float16 values (GGUF Q4_1, "
+                         "Q8_0 blocks); these are not (GGUF K-quants)")  # fmt: skip
     blocks, chunks = packed.shape[:2]
     nibbles = codes.four_bit
     unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
@@ -414,13 +453,16 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
     """linear.c's kind of a packed weight: codes times 8-bit activations (uint8,
     `pack_codes_a8`) 3 for 8-bit codes [B, C, 8, 16, 4], 6 for 4-bit ones [B, C, 4, 16, 4];
     codes times float32 x (int8, `pack_codes`) 2 for 8-bit codes with float32 d and m, 5 with
-    float16 d alone, 4 for 4-bit codes [B, C, 4, 16, 4] with float16 d and m; 1 = float16,
-    0 = float32."""
+    float16 d alone, 4 for 4-bit codes [B, C, 4, 16, 4] with float16 d and m, 7 with float32 d
+    and m, 8 for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), 9 with d
+    alone (scales [B, C, 2, 1, 16]); 1 = float16, 0 = float32."""
     if scales is not None:
         if packed.dtype == torch.uint8:
             return 3 if packed.shape[2] == 8 else 6
+        if scales.dim() == 5:
+            return 8 if scales.shape[3] == 2 else 9
         if packed.dim() == 5:
-            return 4
+            return 4 if scales.dtype == torch.float16 else 7
         return 5 if scales.dtype == torch.float16 else 2
     return 1 if packed.dtype == torch.float16 else 0
 

@@ -545,8 +545,8 @@ FAST static void silu_mul(const float *h, float *out, int64_t rows, int64_t inte
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
 
-/* One linear layer as packed for linear.c: kind 0 = float32, 1 = float16, 2 = 8-bit codes
- * (then scales); out = N, in = K (a multiple of 16, or 32 for codes). */
+/* One linear layer as packed for linear.c: kind 0 = float32, 1 = float16, 2 to 9 = codes
+ * (then scales; verispec_linear's kinds); out = N, in = K (a multiple of 16, or 32 for codes). */
 typedef struct {
   int64_t kind;
   const void *w;

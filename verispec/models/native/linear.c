@@ -229,6 +229,13 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 #define QC 32 /* columns per chunk */
 #define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
+#define MODE_NIB(mode) ((mode) == 1 || (mode) == 3) /* two codes in 0..15 a byte */
+#define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2) /* float16 scales, converted once a block */
+/* The tiles' scale layout (g16): 0 = d and m each 32 columns, [C][2][16]; 1 = kind 8's d and m
+ * each 16 columns, [C][4][16]; 2 = kind 9's d alone each 16 columns, [C][2][16], m = 0. */
+#define MODE_G16(mode) ((mode) == 4 ? 1 : (mode) == 5 ? 2 : 0)
+#define SCALE_STRIDE(g16) ((g16) == 1 ? 4 * R : 2 * R) /* floats a chunk */
+#define SCALE_HIGH(g16) ((g16) == 1 ? 2 * R : (g16) == 2 ? R : 0) /* the last 16 columns' d */
 
 /* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks), two codes a byte, and d, m
  * stored as float16 (GGUF's own, so exactly): 0.625 bytes a weight instead of 1.25. A chunk's
@@ -244,6 +251,15 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
  * (lut16) instead of converting its code; in larger tiles the rows share each conversion and
  * the table does not pay. SmolLM2 float32 (kind 4 layers) against kind 2 in one process, 256
  * cached tokens: decode 0.73, 2 rows 0.82, 4 rows 0.83, 8 rows 0.88 of the time. */
+
+/* GGUF K-quants: their d and m are products of float16 values (Q4_K: d16 * scale, -dmin16 *
+ * min), not float16 values themselves. Kind 7 is kind 4's codes with kind 2's float32 scales
+ * (GGUF Q4_K: 0.75 bytes a weight). Kind 8 is kind 2's codes with float32 d and m for each 16
+ * columns (GGUF Q6_K's sub-blocks): scales[b][c][2 h][j] = d and scales[b][c][2 h + 1][j] = m
+ * of row 16 b + j's columns 32 c + 16 h .. 32 c + 16 h + 15 (1.5 bytes a weight); kind 9 is
+ * kind 8 with every m 0 and only d stored, scales[b][c][h][j] (1.25 bytes a weight). Each is
+ * computed by the very operations of kind 2 (kind 9's m a zero vector), so kind 7 gives kind
+ * 2's bits, kind 8 too where a chunk's two halves share d and m, and kind 9 kind 8's with m 0. */
 
 /* The codes of columns 16 h .. 16 h + 15 of row g + j of the chunk at qc (g a multiple of 4), in
  * 32-bit lanes: kind 2's and 5's bytes widened; kind 4's (nib) in the lanes' low 4 bits, above
@@ -275,12 +291,15 @@ AVX512 INLINE __m512 lut16(const __m512i q, __m512 table) {
 }
 
 /* sb: the block's scales as float32; next_scales: the next block's as stored, line bytes a
- * chunk; nib: kind 4's codes, two a byte (one or two rows look their weights up). */
+ * chunk; nib: kind 4's or 7's codes, two a byte (one or two rows look their weights up); g16:
+ * the scales' layout (MODE_G16: kind 8's or 9's d for each 16 columns). Kind 9's m is a zero
+ * vector in the same fma, so it computes kind 8's bits for m = 0. */
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
                                   const int G, const int TN, const int8_t *next,
-                                  const char *next_scales, const int64_t line, const int nib) {
+                                  const char *next_scales, const int64_t line, const int nib,
+                                  const int g16) {
   const int RB = nib ? QC / 2 : QC; /* bytes of a chunk's row */
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[16][4];
@@ -289,7 +308,7 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
     const int8_t *qc = cb + c * R * RB;
-    const float *sc = sb + c * 2 * R;
+    const float *sc = sb + c * SCALE_STRIDE(g16);
     if (next) { /* the next block's chunk c into L2, while this one computes from cache */
       _Pragma("GCC unroll 8") for (int l = 0; l < R * RB; l += 64)
         _mm_prefetch((const char *)(next + c * R * RB + l), _MM_HINT_T1);
@@ -302,12 +321,18 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
       x1[i] = _mm512_loadu_ps(x + (t0 + i) * K + c * QC + 16);
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < G; j++) {
-      const __m512 d = _mm512_set1_ps(sc[g + j]), m = _mm512_set1_ps(sc[R + g + j]);
+      const __m512 d = _mm512_set1_ps(sc[g + j]);
+      const __m512 m = g16 == 2 ? _mm512_setzero_ps() : _mm512_set1_ps(sc[R + g + j]);
       const __m512i q0 = codes16(qc, g, j, 0, nib), q1 = codes16(qc, g, j, 1, nib);
       __m512 w0, w1;
       if (nib && TN <= 2) {
         const __m512 table = _mm512_fmadd_ps(d, iota, m);
         w0 = lut16(q0, table), w1 = lut16(q1, table);
+      } else if (g16) {
+        const float *hi = sc + SCALE_HIGH(g16);
+        w0 = q16(q0, d, m, 0);
+        w1 = q16(q1, _mm512_set1_ps(hi[g + j]),
+                 g16 == 2 ? _mm512_setzero_ps() : _mm512_set1_ps(hi[R + g + j]), 0);
       } else {
         w0 = q16(q0, d, m, nib), w1 = q16(q1, d, m, nib);
       }
@@ -324,27 +349,32 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
  * compute, so the float32 block routine gives every row exactly what they would. Pays for
  * prefill-sized calls (the conversion is shared by all rows), not for verify-sized ones. */
 AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *out, int64_t K,
-                                    const int nib) {
-  const int RB = nib ? QC / 2 : QC;
+                                    const int nib, const int g16) {
+  const int RB = nib ? QC / 2 : QC, S = SCALE_STRIDE(g16), H = SCALE_HIGH(g16);
   for (int64_t c = 0; c < K / QC; c++)
     _Pragma("GCC unroll 16") for (int j = 0; j < R; j++) {
-      const __m512 d = _mm512_set1_ps(sb[c * 2 * R + j]);
-      const __m512 m = _mm512_set1_ps(sb[c * 2 * R + R + j]);
+      const __m512 zero = _mm512_setzero_ps();
+      const __m512 d0 = _mm512_set1_ps(sb[c * S + j]), d1 = _mm512_set1_ps(sb[c * S + H + j]);
+      const __m512 m0 = g16 == 2 ? zero : _mm512_set1_ps(sb[c * S + R + j]);
+      const __m512 m1 = g16 == 2 ? zero : _mm512_set1_ps(sb[c * S + H + R + j]);
       const int8_t *qc = cb + c * R * RB;
-      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(codes16(qc, 0, j, 0, nib), d, m, nib));
+      _mm512_storeu_ps(out + (2 * c) * R * R + j * R, q16(codes16(qc, 0, j, 0, nib), d0, m0, nib));
       _mm512_storeu_ps(out + (2 * c + 1) * R * R + j * R,
-                       q16(codes16(qc, 0, j, 1, nib), d, m, nib));
+                       q16(codes16(qc, 0, j, 1, nib), d1, m1, nib));
     }
 }
 
 #define Q8_TILE(T0, G, TN, NIB)                                                          \
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
-                 NIB)
+                 NIB, g16)
 
 /* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
- * and m (mode 1), kind 5's float16 d (mode 2). */
+ * and m (mode 1), kind 5's float16 d (mode 2), kind 7's float32 d and m (mode 3, as kind 2),
+ * kind 8's float32 d and m for each 16 columns (mode 4), kind 9's float32 d for each 16
+ * columns (mode 5). */
 INLINE int64_t chunk_scale_bytes(const int mode) {
-  return mode == 0 ? 2 * R * 4 : mode == 1 ? 2 * R * 2 : R * 2;
+  static const int64_t bytes[6] = {2 * R * 4, 2 * R * 2, R * 2, 2 * R * 4, 4 * R * 4, 2 * R * 4};
+  return bytes[mode];
 }
 
 /* A block's float16 scales (mode 1 or 2, as stored at in) as float32 d and m (out [C][2][16]),
@@ -360,26 +390,27 @@ AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const i
 }
 
 /* Block b of a product over codes (mode: 0 = kind 2, float32 d and m; 1 = kind 4, float16 d
- * and m, two codes in 0..15 a byte; 2 = kind 5, float16 d, m = 0). converted: room for a
- * block's scales as float32 (mode 1 and 2); scratch: room for a block as float32, for calls of
- * UNPACK_ROWS rows or more. */
+ * and m, two codes in 0..15 a byte; 2 = kind 5, float16 d, m = 0; 3 = kind 7, kind 4's codes
+ * with kind 2's scales; 4 = kind 8, float32 d and m for each 16 columns; 5 = kind 9, float32 d
+ * for each 16 columns, m = 0). converted: room for a block's scales as float32 (modes 1 and
+ * 2); scratch: room for a block as float32, for calls of UNPACK_ROWS rows or more. */
 AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const void *scales,
                                    const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                    int64_t ldy, int64_t b, float *converted, float *scratch,
                                    const int mode) {
-  const int nib = mode == 1; /* kind 4: two codes a byte */
+  const int nib = MODE_NIB(mode), g16 = MODE_G16(mode);
   const int64_t C = K / QC, line = chunk_scale_bytes(mode), block_bytes = nib ? R * K / 2 : R * K;
   const int64_t blocks = (N + R - 1) / R;
   const int8_t *cb = codes + b * block_bytes;
   const char *sb = (const char *)scales + b * C * line;
   const float *sf = (const float *)sb;
-  if (mode) { /* float16 scales to float32 once a block */
+  if (MODE_WIDEN(mode)) { /* stored scales to float32 d and m once a block */
     widen_scales((const uint16_t *)sb, converted, C, mode);
     sf = converted;
   }
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   if (scratch) {
-    unpack_q8_avx512(cb, sf, scratch, K, nib);
+    unpack_q8_avx512(cb, sf, scratch, K, nib, g16);
     block_f32_avx512(x, scratch, bias, y, T, K, ldy, n0, rows);
     return;
   }
@@ -438,7 +469,7 @@ AVX2 INLINE __m256 q8x8(const int8_t *qc, const int j, const int p, __m256 d, __
 AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int g, const int G,
-                              const int TN, const int nib) {
+                              const int TN, const int nib, const int g16) {
   const int RB = nib ? QC / 2 : QC;
   __m256 lo[4][2], hi[4][2];
   _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
@@ -446,12 +477,13 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
     const int8_t *qc = cb + c * R * RB;
-    const float *sc = sb + c * 2 * R;
+    const float *sc = sb + c * SCALE_STRIDE(g16);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+      const float *sp = sc + (p >= 2 ? SCALE_HIGH(g16) : 0); /* kinds 8, 9: the last 16's */
       __m256 w[4];
       _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
-        w[j] = q8x8(qc, g + j, p, _mm256_set1_ps(sc[g + j]),
-                    _mm256_set1_ps(sc[R + g + j]), nib);
+        w[j] = q8x8(qc, g + j, p, _mm256_set1_ps(sp[g + j]),
+                    g16 == 2 ? _mm256_setzero_ps() : _mm256_set1_ps(sp[R + g + j]), nib);
       _Pragma("GCC unroll 2") for (int i = 0; i < TN; i++) {
         const __m256 xv = _mm256_loadu_ps(x + (t0 + i) * K + c * QC + 8 * p);
         _Pragma("GCC unroll 4") for (int j = 0; j < G; j++) {
@@ -478,19 +510,20 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
                                const int mode) {
   (void)scratch;
   const int64_t C = K / QC, line = chunk_scale_bytes(mode);
-  const int nib = mode == 1; /* kind 4: two codes a byte */
+  const int nib = MODE_NIB(mode), g16 = MODE_G16(mode);
   const int8_t *cb = codes + b * (nib ? R * K / 2 : R * K);
-  const float *sb = mode ? converted : (const float *)scales + b * 2 * R * C;
-  if (mode) /* float16 scales to float32 once a block */
-    widen_scales((const uint16_t *)((const char *)scales + b * C * line), converted, C, mode);
+  const char *stored = (const char *)scales + b * C * line;
+  const float *sb = MODE_WIDEN(mode) ? converted : (const float *)stored;
+  if (MODE_WIDEN(mode)) /* stored scales to float32 d and m once a block */
+    widen_scales((const uint16_t *)stored, converted, C, mode);
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   for (int g = 0; g < R; g += 4)
-    tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1, nib);
+    tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, 0, g, 4, 1, nib, g16);
   for (int g = 0; g < R; g += 2) {
     int64_t t0 = 1;
     for (; t0 + 2 <= T; t0 += 2)
-      tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 2, nib);
-    if (t0 < T) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 1, nib);
+      tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 2, nib, g16);
+    if (t0 < T) tile_q8_avx2(x, cb, sb, bias, y, K, ldy, n0, rows, t0, g, 2, 1, nib, g16);
   }
 }
 
@@ -887,7 +920,7 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
                           int64_t ldy, int threads) {                                        \
     const int64_t blocks = (N + R - 1) / R;                                                  \
     _Pragma("omp parallel num_threads(threads)") {                                           \
-      float *converted = MODE ? malloc(sizeof(float) * 2 * R * (K / QC)) : NULL;             \
+      float *converted = MODE_WIDEN(MODE) ? malloc(sizeof(float) * 2 * R * (K / QC)) : NULL; \
       float *scratch = UNPACK && T >= UNPACK ? malloc(sizeof(float) * R * K) : NULL;         \
       _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++)               \
         BLOCK(x, codes, scales, bias, y, T, N, K, ldy, b, converted, scratch, MODE);         \
@@ -902,13 +935,21 @@ Q8_ENTRY(AVX512, q8_avx512_d16, block_q8_avx512, 2, UNPACK_ROWS)
 Q8_ENTRY(AVX2, q8_avx2_f32, block_q8_avx2, 0, 0)
 Q8_ENTRY(AVX2, q8_avx2_f16, block_q8_avx2, 1, 0)
 Q8_ENTRY(AVX2, q8_avx2_d16, block_q8_avx2, 2, 0)
+Q8_ENTRY(AVX512, q8_avx512_n32, block_q8_avx512, 3, UNPACK_ROWS)
+Q8_ENTRY(AVX512, q8_avx512_g16, block_q8_avx512, 4, UNPACK_ROWS)
+Q8_ENTRY(AVX512, q8_avx512_d32g16, block_q8_avx512, 5, UNPACK_ROWS)
+Q8_ENTRY(AVX2, q8_avx2_n32, block_q8_avx2, 3, 0)
+Q8_ENTRY(AVX2, q8_avx2_g16, block_q8_avx2, 4, 0)
+Q8_ENTRY(AVX2, q8_avx2_d32g16, block_q8_avx2, 5, 0)
 
 static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
-  static void (*const entries[2][3])(const float *, const int8_t *, const void *, const float *,
+  static void (*const entries[2][6])(const float *, const int8_t *, const void *, const float *,
                                      float *, int64_t, int64_t, int64_t, int64_t, int) = {
-      {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16}, {q8_avx512_f32, q8_avx512_f16, q8_avx512_d16}};
+      {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16, q8_avx2_n32, q8_avx2_g16, q8_avx2_d32g16},
+      {q8_avx512_f32, q8_avx512_f16, q8_avx512_d16, q8_avx512_n32, q8_avx512_g16,
+       q8_avx512_d32g16}};
   entries[isa == 2][mode](x, codes, scales, bias, y, T, N, K, ldy, threads);
 }
 
@@ -919,7 +960,9 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * 3 = 8-bit codes (kind 3's layout, float16 scales) times x rounded to 8-bit blocks, 4 = kind
  * 2 with codes in 0..15 two a byte and float16 scales, 5 = kind 2 with m = 0 and float16 d
  * (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a byte (the same products
- * as kind 3). */
+ * as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K; kind 2's products),
+ * 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 = kind 8 with
+ * m = 0 and d alone stored. */
 void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
@@ -927,9 +970,9 @@ void verispec_linear(int isa, int kind, const float *x, const void *w, const flo
     if (kind == 3 || kind == 6)
       linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
                 threads, kind == 6);
-    else if (kind == 2 || kind == 4 || kind == 5)
-      linear_q8(isa, kind == 2 ? 0 : kind - 3, x + t * K, w, scales, bias, y + t * N, n, N, K, N,
-                threads);
+    else if (kind == 2 || kind == 4 || kind == 5 || kind == 7 || kind == 8 || kind == 9)
+      linear_q8(isa, kind == 2 ? 0 : kind < 7 ? kind - 3 : kind - 4, x + t * K, w, scales, bias,
+                y + t * N, n, N, K, N, threads);
     else if (kind == 1)
       linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
     else
