@@ -307,7 +307,8 @@ def _serve(args: argparse.Namespace) -> int:
     caching = "on" if engine.prefix_cache is not None else "off"
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
-          f"{caching}", file=sys.stderr, flush=True)  # fmt: skip
+          f"{caching}; kernels: {_kernel_line(engine.model.kernels())}", file=sys.stderr,
+          flush=True)  # fmt: skip
     server.run()
     return 0
 
@@ -321,6 +322,11 @@ def _chat(args: argparse.Namespace) -> int:
     from verispec.cli_chat import run_chat
 
     return run_chat(args)
+
+
+def _kernel_line(kernels: dict[str, str]) -> str:
+    """{"float32": "native avx2", ...} -> "float32 on native avx2, ..." for a start line."""
+    return ", ".join(f"{fmt} on {kernel}" for fmt, kernel in kernels.items())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -349,6 +355,7 @@ def _generate(args: argparse.Namespace) -> int:
         "compile": args.compile,
         "quantization": args.quantization,
         "draft_quantization": spec.quantization if spec else None,
+        "kernels": engine.model.kernels(),
     }
     if args.json:
         result = {

@@ -116,15 +116,21 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
     if kind not in CODED_TYPES:
         raise ValueError(f"GGML type {kind.name} has no affine codes here")
     per_block = QK_K if kind in (GGML.Q4_K, GGML.Q5_K, GGML.Q6_K) else QK
-    blocks = np.ascontiguousarray(data).reshape(rows * (columns // per_block), -1)
-    q, d, m = (_k_quant if per_block == QK_K else _legacy)(blocks, kind)
     group = 16 if kind == GGML.Q6_K else QK
-    return AffineCodes(
-        codes=torch.from_numpy(q.astype(np.int8).reshape(rows, columns)),
-        d=torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32).reshape(rows, -1)),
-        m=torch.from_numpy(np.ascontiguousarray(m, dtype=np.float32).reshape(rows, -1)),
-        group=group,
-    )
+    data = data.reshape(rows, -1)
+    codes = np.empty((rows, columns), dtype=np.int8)
+    d = np.empty((rows, columns // group), dtype=np.float32)
+    m = np.empty_like(d)
+    step = max(1, (1 << 20) // columns)  # rows at a time: the decoding's temporaries stay small
+    for start in range(0, rows, step):
+        end = min(rows, start + step)
+        count = (end - start) * (columns // per_block)
+        blocks = np.ascontiguousarray(data[start:end]).reshape(count, -1)
+        q, dq, mq = (_k_quant if per_block == QK_K else _legacy)(blocks, kind)
+        codes[start:end] = q.reshape(end - start, columns)
+        d[start:end] = dq.reshape(end - start, -1)
+        m[start:end] = mq.reshape(end - start, -1)
+    return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group)
 
 
 def dequantize_codes(codes: AffineCodes) -> torch.Tensor:

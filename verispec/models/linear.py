@@ -245,6 +245,75 @@ def a8_ready(codes: AffineCodes) -> bool:
     )
 
 
+PACK_ROWS = 2048
+"""Rows of codes packed at a time (a multiple of the kernel's 16-row blocks)."""
+
+
+def pack_codes_by_rows(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """native_linear.pack_codes, PACK_ROWS rows at a time into one preallocated output, so a
+    large weight (a 150k-row LM head) never has several whole copies alive while it packs.
+    The packed layout is blocked by 16 rows, so the pieces are the whole's rows; if a piece
+    would pick another kind than the first (e.g. one whose m happen to be all zero), the
+    whole weight is packed at once instead."""
+    rows = codes.codes.shape[0]
+    if rows <= PACK_ROWS:
+        return native_linear.pack_codes(codes)
+    pieces = range(0, rows, PACK_ROWS)
+
+    def piece(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        part = slice(start, start + PACK_ROWS)
+        return native_linear.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
+                                                    codes.m[part], codes.group))  # fmt: skip
+
+    first_w, first_s = piece(0)
+    blocks = -(-rows // native_linear.ROWS)
+    weight = torch.empty((blocks, *first_w.shape[1:]), dtype=first_w.dtype)
+    scales = torch.empty((blocks, *first_s.shape[1:]), dtype=first_s.dtype)
+    for start in pieces:
+        w, sc = (first_w, first_s) if start == 0 else piece(start)
+        if (w.dtype, w.shape[1:], sc.dtype, sc.shape[1:]) != (first_w.dtype, first_w.shape[1:],
+                                                              first_s.dtype, first_s.shape[1:]):
+            return native_linear.pack_codes(codes)  # fmt: skip
+        at = start // native_linear.ROWS
+        weight[at : at + w.shape[0]] = w
+        scales[at : at + sc.shape[0]] = sc
+    return weight, scales
+
+
+WEIGHT_FORMATS = {
+    0: "float32",
+    1: "float16",
+    2: "8-bit codes, float32 d and m (Q5_1, Q5_K)",
+    3: "8-bit codes times 8-bit inputs (a8)",
+    4: "4-bit codes, float16 d and m (Q4_0, Q4_1)",
+    5: "8-bit codes, float16 d (Q8_0, Q5_0)",
+    6: "4-bit codes times 8-bit inputs (a8)",
+    7: "4-bit codes, float32 d and m (Q4_K)",
+    8: "8-bit codes, d and m per 16 columns (Q6_K beside others)",
+    9: "8-bit codes, d per 16 columns (Q6_K)",
+}
+"""What each of the native kernel's packed kinds holds, for the settings users see."""
+
+
+def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
+    """Which kernel each weight format of these layers runs with, e.g. {"4-bit codes, float32
+    d and m (Q4_K)": "native avx2"}: printed in `verispec generate --json` settings and the
+    server's start line, so a figure always says what computed it."""
+    used: dict[str, str] = {}
+    for lin in linears:
+        if lin.kernel != "native":
+            used[f"{lin.weight.dtype if isinstance(lin.weight, torch.Tensor) else 'packed'}"
+                 .removeprefix("torch.")] = lin.kernel  # fmt: skip
+            continue
+        kernel = native_linear.loaded()
+        kind = native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
+        name = f"native {kernel.isa_name}"
+        if kind in (3, 6):
+            name += " vnni" if kernel.vnni else " (portable 8-bit loop)"
+        used[WEIGHT_FORMATS.get(int(kind), f"kind {int(kind)}")] = name
+    return dict(sorted(used.items()))
+
+
 _MOVING = torch.empty(0)
 """A packed weight's placeholder while pack_together moves it into an arena."""
 
@@ -326,7 +395,7 @@ class Linear:
             if codes is not None and quantization in ACTIVATION_QUANTIZATIONS and a8_ready(codes):
                 self.weight, self.native_scales = native_linear.pack_codes_a8(codes)
             elif codes is not None:
-                self.weight, self.native_scales = native_linear.pack_codes(codes)
+                self.weight, self.native_scales = pack_codes_by_rows(codes)
             else:
                 dtype = torch.float16 if exactly_fp16(weight) else torch.float32
                 self.weight = native_linear.pack(weight.detach(), dtype)

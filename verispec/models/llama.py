@@ -14,7 +14,7 @@ from verispec.models import native_layer
 from verispec.models.attention import AttentionLayout, attend
 from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
-from verispec.models.linear import Linear
+from verispec.models.linear import Linear, kernels_in_use
 from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -78,6 +78,11 @@ class LlamaModel:
         same values within float32 rounding, one call); None = the torch operators below."""
         if native_layer.supported(layers, config, embed):
             self.native = native_layer.NativeStack(layers, config, self.inv_freq, final_norm)
+
+    def kernels(self) -> dict[str, str]:
+        """Which kernel each weight format of this model runs with (linear.kernels_in_use)."""
+        linears = [lin for la in self.layers for lin in (la.qkv, la.o, la.gate_up, la.down)]
+        return kernels_in_use([*linears, self.lm_head])
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""

@@ -250,7 +250,10 @@ class AffineCodes:
     @property
     def four_bit(self) -> bool:
         """Every code in 0..15 (GGUF Q4_1, Q4_K blocks): the kernel then stores two a byte."""
-        return bool(((self.codes >= 0) & (self.codes <= 15)).all())
+        if self.codes.numel() == 0:
+            return True
+        low, high = torch.aminmax(self.codes)  # one pass, no boolean copies
+        return bool(low >= 0) and bool(high <= 15)
 
 
 def affine_codes(weight: torch.Tensor) -> AffineCodes | None:

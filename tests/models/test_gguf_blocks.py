@@ -1,0 +1,112 @@
+"""GGUF blocks as affine codes: for every quantized type the native kernel computes, the codes
+rebuild gguf's dequantization value for value, and the products over them equal a float64
+reference built from that dequantization (1-16 rows, row counts no multiple of 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as GGML
+from gguf.quants import dequantize
+
+from verispec.models import linear as linear_module
+from verispec.models import native_linear
+from verispec.models.gguf_blocks import (
+    CODED_TYPES,
+    block_codes,
+    dequantize_codes,
+    regrouped,
+    stacked,
+)
+from verispec.models.linear import Linear, native_usable, pack_codes_by_rows
+
+needs_native = pytest.mark.skipif(not native_usable(), reason="the native kernel cannot run here")
+ROWS, COLUMNS = 37, 512  # 37: no multiple of the kernel's 16-row blocks
+
+
+def random_blocks(kind: GGML, rows: int, columns: int, seed: int = 0) -> np.ndarray:
+    """Random blocks of kind [rows, bytes a row] whose float16 scales are modest and finite."""
+    block, size = GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (rows, columns // block, size), dtype=np.uint8)
+    scale_offsets = {GGML.Q4_K: (0, 2), GGML.Q5_K: (0, 2), GGML.Q6_K: (208,),
+                     GGML.Q4_1: (0, 2), GGML.Q5_1: (0, 2)}.get(kind, (0,))  # fmt: skip
+    for offset in scale_offsets:
+        scales = (rng.uniform(0.001, 0.02, data.shape[:2]) * rng.choice([-1, 1], data.shape[:2]))
+        data[:, :, offset : offset + 2] = scales.astype(np.float16).view(np.uint8).reshape(
+            *data.shape[:2], 2)
+    return data.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", CODED_TYPES, ids=lambda k: k.name)
+def test_codes_rebuild_ggufs_dequantization(kind: GGML) -> None:
+    data = random_blocks(kind, ROWS, COLUMNS)
+    codes = block_codes(data, kind, ROWS, COLUMNS)
+    reference = torch.from_numpy(dequantize(data, kind).reshape(ROWS, COLUMNS))
+    assert codes.codes.dtype == torch.int8 and codes.group == (16 if kind == GGML.Q6_K else 32)
+    assert torch.equal(dequantize_codes(codes), reference)
+
+
+def test_codes_of_every_byte_pattern_match_even_huge_scales() -> None:
+    """Unsanitized random bytes (scales up to float16's range, subnormals): still equal."""
+    for kind in CODED_TYPES:
+        block, size = GGML_QUANT_SIZES[kind]
+        data = np.random.default_rng(1).integers(0, 256, (5, 512 // block * size), np.uint8)
+        with np.errstate(all="ignore"):
+            reference = torch.from_numpy(dequantize(data, kind).reshape(5, 512))
+            values = dequantize_codes(block_codes(data, kind, 5, 512))
+        assert torch.equal(values.nan_to_num(), reference.nan_to_num()), kind.name
+
+
+def test_the_module_example() -> None:
+    """Q4_0, d = 0.5: nibbles 0, 15, 8 are -4.0, 3.5, 0.0; codes keep them with m = -8 d."""
+    block = np.zeros((1, 18), dtype=np.uint8)
+    block[0, :2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    block[0, 2] = 0xF0  # value 0: low nibble 0; value 16: high nibble 15
+    block[0, 3] = 0x08  # value 1: 8
+    codes = block_codes(block, GGML.Q4_0, 1, 32)
+    assert codes.codes[0, [0, 16, 1]].tolist() == [0, 15, 8]
+    assert (float(codes.d[0, 0]), float(codes.m[0, 0])) == (0.5, -4.0)
+    assert dequantize_codes(codes)[0, [0, 16, 1]].tolist() == [-4.0, 3.5, 0.0]
+
+
+@needs_native
+@pytest.mark.parametrize("kind", CODED_TYPES, ids=lambda k: k.name)
+def test_products_over_codes_equal_a_float64_reference(kind: GGML) -> None:
+    data = random_blocks(kind, ROWS, COLUMNS, seed=2)
+    codes = block_codes(data, kind, ROWS, COLUMNS)
+    weight = torch.from_numpy(dequantize(data, kind).reshape(ROWS, COLUMNS)).double()
+    bias = torch.randn(ROWS, generator=torch.Generator().manual_seed(3))
+    lin = Linear(codes, bias, "auto")
+    assert lin.kernel == "native" and lin.weight.dtype in (torch.int8, torch.uint8)
+    for rows in (1, 2, 4, 5, 8, 9, 16):
+        x = torch.randn(rows, COLUMNS, generator=torch.Generator().manual_seed(rows))
+        y = lin(x)
+        reference = x.double() @ weight.T + bias.double()
+        scale = (x.double().abs() @ weight.abs().T).max()
+        assert (y.double() - reference).abs().max() <= 1e-5 * scale, (kind.name, rows)
+        assert torch.equal(y[:1], lin(x[:1])), "a verify row is the lone decode row's bits"
+
+
+@needs_native
+def test_packing_by_rows_equals_packing_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    for kind in (GGML.Q4_K, GGML.Q6_K, GGML.Q8_0, GGML.Q4_1):
+        codes = block_codes(random_blocks(kind, 100, 256, seed=4), kind, 100, 256)
+        monkeypatch.setattr(linear_module, "PACK_ROWS", 32)
+        pieces = pack_codes_by_rows(codes)
+        whole = native_linear.pack_codes(codes)
+        assert all(torch.equal(a, b) for a, b in zip(pieces, whole, strict=True)), kind.name
+
+
+def test_stacking_mixed_groups_keeps_every_value() -> None:
+    """q and k in Q4_K, v in Q6_K: one qkv of codes with d and m per 16 columns."""
+    parts = [block_codes(random_blocks(k, 16, 256, seed=i), k, 16, 256)
+             for i, k in enumerate((GGML.Q4_K, GGML.Q4_K, GGML.Q6_K))]  # fmt: skip
+    qkv = stacked(parts)
+    assert qkv.group == 16 and qkv.codes.shape == (48, 256)
+    assert torch.equal(dequantize_codes(qkv), torch.cat([dequantize_codes(p) for p in parts]))
+    assert torch.equal(dequantize_codes(regrouped(parts[0], 16)), dequantize_codes(parts[0]))
+    floats = stacked([parts[0], torch.ones(4, 256)])
+    assert isinstance(floats, torch.Tensor) and floats.shape == (20, 256)
