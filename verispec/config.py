@@ -308,7 +308,7 @@ def default_speculative(model: str | None) -> SpecConfig | None:
     if named is None:
         return None
     own_head = own_speculative(model, HEAD_METHOD) if named.auto_head else None
-    own_draft = own_speculative(model, DEFAULT_METHOD)
+    own_draft = own_speculative(model, DEFAULT_METHOD) if named.auto_draft else None
     return own_head or own_draft or SpecConfig(method=MODEL_FREE_METHOD)
 
 

