@@ -551,3 +551,28 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
                         if native else None)  # fmt: skip
         runners.append(Runner(model))
     assert_runs_match(runners[0], runners[1], 1e-5)
+
+
+def test_the_header_and_the_python_enum_name_the_same_formats() -> None:
+    """verispec.h's enum and native_linear.WeightFormat agree name for name and value for
+    value, and so do their ABI versions: a change on one side alone fails here."""
+    import re
+
+    text = native_linear.HEADER.read_text()
+    enum = dict(re.findall(r"VERISPEC_(\w+) = (\d+),", text))
+    assert {name: int(v) for name, v in enum.items()} == {
+        f.name: f.value for f in native_linear.WeightFormat
+    }
+    [abi] = re.findall(r"#define VERISPEC_ABI_VERSION (\d+)", text)
+    assert int(abi) == native_linear.ABI_VERSION
+
+
+@pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel here")
+def test_an_abi_mismatch_is_refused_loudly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory
+) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_linear, "ABI_VERSION", native_linear.ABI_VERSION + 1)
+    result = native_linear._load()
+    assert isinstance(result, NativeUnavailable)
+    assert "reports ABI" in result.reason and "disagree" in result.reason

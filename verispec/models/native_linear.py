@@ -26,12 +26,15 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 
 import torch
 
 from verispec.models.hub import cache_dir
 
+HEADER = Path(__file__).with_name("native") / "verispec.h"
+"""The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
 SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("linear.c", "layer.c"))
 """Built together into one library: the products (linear.c) and the decoder layer's other
 work (layer.c, used by native_layer.py)."""
@@ -46,6 +49,26 @@ LIBS = ("-lm",)
 
 _ISA_NAMES = {1: "avx2", 2: "avx512"}
 log = logging.getLogger("verispec")
+
+
+ABI_VERSION = 2
+"""verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
+
+
+class WeightFormat(IntEnum):
+    """What a packed weight holds: verispec.h's enum verispec_weight_format, name for name
+    (VERISPEC_Q4_F32_DM is Q4_F32_DM here); `kind_of` tells a packed weight's format."""
+
+    F32 = 0
+    F16 = 1
+    Q8_F32_DM = 2
+    Q8_A8 = 3
+    Q4_F16_DM = 4
+    Q8_F16_D = 5
+    Q4_A8 = 6
+    Q4_F32_DM = 7
+    Q8_F32_DM_HALVES = 8
+    Q8_F32_D_HALVES = 9
 
 
 @dataclass(frozen=True)
@@ -79,7 +102,7 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where the built library is cached: named by a hash of the source, flags and compiler."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, HEADER)))
     key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
     return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
 
@@ -128,6 +151,17 @@ def _load() -> NativeKernel | NativeUnavailable:
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         names = " and ".join(source.name for source in SOURCES)
         return NativeUnavailable(f"building {names} with {compiler} failed: {error}")
+    if not hasattr(lib, "verispec_abi_version") or lib.verispec_abi_version() != ABI_VERSION:
+        try:  # a library from other sources under this name: rebuild it, never misread it
+            build(compiler, path)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            return NativeUnavailable(f"rebuilding the native library failed: {error}")
+        if lib.verispec_abi_version() != ABI_VERSION:
+            return NativeUnavailable(
+                f"the native library reports ABI {lib.verispec_abi_version()}, verispec "
+                f"expects {ABI_VERSION} (native/verispec.h and native_linear.py disagree)"
+            )
     isa = lib.verispec_linear_isa()
     if isa not in _ISA_NAMES:
         return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
@@ -452,22 +486,24 @@ def _product(
     return y
 
 
-def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> int:
-    """linear.c's kind of a packed weight: codes times 8-bit activations (uint8,
-    `pack_codes_a8`) 3 for 8-bit codes [B, C, 8, 16, 4], 6 for 4-bit ones [B, C, 4, 16, 4];
-    codes times float32 x (int8, `pack_codes`) 2 for 8-bit codes with float32 d and m, 5 with
-    float16 d alone, 4 for 4-bit codes [B, C, 4, 16, 4] with float16 d and m, 7 with float32 d
-    and m, 8 for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), 9 with d
-    alone (scales [B, C, 2, 1, 16]); 1 = float16, 0 = float32."""
+def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
+    """The WeightFormat of a packed weight, from what the packers return: codes times 8-bit
+    activations (uint8, `pack_codes_a8`) Q8_A8 for 8-bit codes [B, C, 8, 16, 4], Q4_A8 for
+    4-bit ones [B, C, 4, 16, 4]; codes times float32 x (int8, `pack_codes`) Q8_F32_DM for
+    8-bit codes with float32 d and m, Q8_F16_D with float16 d alone, Q4_F16_DM for 4-bit codes
+    [B, C, 4, 16, 4] with float16 d and m, Q4_F32_DM with float32 d and m, Q8_F32_DM_HALVES
+    for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), Q8_F32_D_HALVES
+    with d alone (scales [B, C, 2, 1, 16]); else F16 or F32."""
+    f = WeightFormat
     if scales is not None:
         if packed.dtype == torch.uint8:
-            return 3 if packed.shape[2] == 8 else 6
+            return f.Q8_A8 if packed.shape[2] == 8 else f.Q4_A8
         if scales.dim() == 5:
-            return 8 if scales.shape[3] == 2 else 9
+            return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES
         if packed.dim() == 5:
-            return 4 if scales.dtype == torch.float16 else 7
-        return 5 if scales.dtype == torch.float16 else 2
-    return 1 if packed.dtype == torch.float16 else 0
+            return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
+        return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM
+    return f.F16 if packed.dtype == torch.float16 else f.F32
 
 
 @torch.library.custom_op("verispec::native_linear", mutates_args=())

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "verispec.h"
+
 #define R 16 /* weight rows per block = columns per chunk */
 #define INLINE static inline __attribute__((always_inline))
 
@@ -963,19 +965,32 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K; kind 2's products),
  * 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 = kind 8 with
  * m = 0 and d alone stored. */
-void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
+int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
+
+void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
-    if (kind == 3 || kind == 6)
+    switch (format) {
+    case VERISPEC_Q8_A8:
+    case VERISPEC_Q4_A8:
       linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
-                threads, kind == 6);
-    else if (kind == 2 || kind == 4 || kind == 5 || kind == 7 || kind == 8 || kind == 9)
-      linear_q8(isa, kind == 2 ? 0 : kind < 7 ? kind - 3 : kind - 4, x + t * K, w, scales, bias,
-                y + t * N, n, N, K, N, threads);
-    else if (kind == 1)
+                threads, format == VERISPEC_Q4_A8);
+      break;
+    case VERISPEC_Q8_F32_DM:
+    case VERISPEC_Q4_F16_DM:
+    case VERISPEC_Q8_F16_D:
+    case VERISPEC_Q4_F32_DM:
+    case VERISPEC_Q8_F32_DM_HALVES:
+    case VERISPEC_Q8_F32_D_HALVES: /* linear_q8's scale mode: 0 for format 2, then 1, 2, 3 .. */
+      linear_q8(isa, format == VERISPEC_Q8_F32_DM ? 0 : format < 7 ? format - 3 : format - 4,
+                x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
+      break;
+    case VERISPEC_F16:
       linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
-    else
+      break;
+    default:
       linear_f32(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
+    }
   }
 }

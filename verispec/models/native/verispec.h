@@ -1,0 +1,33 @@
+/* The boundary between verispec's Python code and its native library: the weight formats a
+ * packed weight holds (mirrored, name for name, by native_linear.WeightFormat), the ABI version
+ * checked at load, and the products' entry point. */
+#ifndef VERISPEC_H
+#define VERISPEC_H
+
+#include <stdint.h>
+
+/* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
+ * other sources is rebuilt, never misread. */
+#define VERISPEC_ABI_VERSION 2
+
+/* What a packed weight holds (native_linear.py's packers lay each one out). */
+enum verispec_weight_format {
+  VERISPEC_F32 = 0,               /* float32 values */
+  VERISPEC_F16 = 1,               /* float16 values */
+  VERISPEC_Q8_F32_DM = 2,         /* 8-bit codes, float32 d and m per 32 columns (Q5_1, Q5_K) */
+  VERISPEC_Q8_A8 = 3,             /* 8-bit codes times 8-bit inputs, float16 d and m (a8) */
+  VERISPEC_Q4_F16_DM = 4,         /* 4-bit codes, float16 d and m (Q4_0, Q4_1) */
+  VERISPEC_Q8_F16_D = 5,          /* 8-bit codes, float16 d, m = 0 (Q8_0, Q5_0) */
+  VERISPEC_Q4_A8 = 6,             /* 4-bit codes times 8-bit inputs, float16 d and m (a8) */
+  VERISPEC_Q4_F32_DM = 7,         /* 4-bit codes, float32 d and m per 32 columns (Q4_K) */
+  VERISPEC_Q8_F32_DM_HALVES = 8,  /* 8-bit codes, float32 d and m per 16 columns (Q6_K mixed) */
+  VERISPEC_Q8_F32_D_HALVES = 9,   /* 8-bit codes, float32 d per 16 columns, m = 0 (Q6_K) */
+};
+
+int verispec_abi_version(void);
+int verispec_linear_isa(void);
+int verispec_linear_vnni(void);
+void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
+                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
+
+#endif
