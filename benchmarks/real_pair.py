@@ -1,12 +1,14 @@
 """A real GGUF pair on this CPU: load time, peak memory and plain vs draft-model decoding, with
-llama.cpp's own llama-bench on the same file beside it when its binary is given.
+llama.cpp's own llama-bench and llama-speculative-simple (-md) on the same files beside it
+when their binaries are given.
 
 Each configuration runs in a fresh process (so its peak RSS is its own); the decode figures
 are medians over the prompts, greedy, one prompt at a time, and every speculative answer is
 checked equal to the plain one. Example (the Qwen2.5-Coder pair):
 
     python benchmarks/real_pair.py --target qwen2.5-coder-1.5b-instruct \
-        --draft qwen2.5-coder-0.5b-instruct --llama-bench /path/to/llama-bench
+        --draft qwen2.5-coder-0.5b-instruct --llama-bench /path/to/llama-bench \
+        --llama-speculative /path/to/llama-speculative-simple
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -69,6 +72,23 @@ def llama_bench(binary: str, model_path: str, threads: int, tokens: int) -> floa
     return float(next(r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0))
 
 
+def llama_speculative(binary: str, target: str, draft: str, threads: int, tokens: int,
+                      k: int) -> tuple[float, float]:  # fmt: skip
+    """llama-speculative-simple's decode tokens/s and acceptance (-md draft, n_max k, greedy)
+    on the first prompt in ChatML, the same files and threads."""
+    prompt = f"<|im_start|>user\n{PROMPTS[0]}<|im_end|>\n<|im_start|>assistant\n"
+    done = subprocess.run([binary, "-m", target, "-md", draft, "--spec-type", "draft-simple",
+                           "--spec-draft-n-max", str(k), "-t", str(threads), "-td", str(threads),
+                           "-n", str(tokens), "--temp", "0", "-p", prompt],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    log = done.stdout + done.stderr
+    speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+)", log)
+    accept = re.search(r"accept\s+=\s+([\d.]+)%", log)
+    if speed is None or accept is None:
+        raise ValueError(f"unexpected llama-speculative-simple output: {log[-500:]}")
+    return float(speed.group(1)), float(accept.group(1)) / 100
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -77,6 +97,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench binary")
+    p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple")
     p.add_argument("--configs", default="plain,plain:a8,draft_model",
                    help="comma-separated method[:quantization] runs")  # fmt: skip
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -113,6 +134,15 @@ def main() -> None:
             rate = llama_bench(args.llama_bench, str(resolve_model_path(name)), args.threads,
                                args.tokens)  # fmt: skip
             print(f"llama-bench {name}: decode {rate:.2f} tok/s")
+    if args.llama_speculative:
+        from verispec.models.loader import resolve_model_path
+
+        rate, accepted = llama_speculative(
+            args.llama_speculative, str(resolve_model_path(args.target)),
+            str(resolve_model_path(args.draft)), args.threads, args.tokens, args.k,
+        )  # fmt: skip
+        print(f"llama-speculative-simple -md, n_max {args.k}: decode {rate:.2f} tok/s, "
+              f"{accepted:.1%} of drafts accepted (first prompt)")  # fmt: skip
 
 
 if __name__ == "__main__":
