@@ -5,7 +5,6 @@ a float32 model), the embedding table as rows dequantized on lookup, everything 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -20,7 +19,7 @@ from tqdm import tqdm
 
 from verispec.models.config import MODEL_TYPES, ModelConfig
 from verispec.models.gguf_blocks import CODED_TYPES, block_codes, permuted_rows
-from verispec.models.native_linear import AffineCodes
+from verispec.models.native_linear import AffineCodes, madvise
 
 log = logging.getLogger("verispec")
 
@@ -181,8 +180,8 @@ class BlockEmbedding:
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.index_select(0, torch.as_tensor(ids).reshape(-1)).view(
-            *torch.as_tensor(ids).shape, self.shape[1])
+        ids = torch.as_tensor(ids)
+        return self.index_select(0, ids.reshape(-1)).view(*ids.shape, self.shape[1])
 
     def codes(self) -> AffineCodes:
         """The table's affine codes (an LM head tied to it packs these)."""
@@ -213,14 +212,8 @@ def _release(data: np.ndarray) -> None:
     page = 4096
     start = -(-data.ctypes.data // page) * page
     end = (data.ctypes.data + data.nbytes) // page * page
-    if end <= start:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(start, end - start, MADV_DONTNEED)  # a refusal only costs memory
-    except (OSError, AttributeError):
-        pass
+    if end > start:
+        madvise(start, end - start, MADV_DONTNEED)
 
 
 def read_gguf(

@@ -40,9 +40,9 @@ CACHE_FORMAT = 3
 CONVERTING_PACKAGES = ("gguf", "safetensors", "tokenizers", "transformers")
 DISABLE_ENV = "VERISPEC_NO_GGUF_CACHE"
 SOURCE_FILE = "verispec_source.json"
+"""In each entry: the GGUF it came from, and the tokenizer flags transformers does not save."""
 TENSORS_FILE = "gguf_tensors.json"
 """In each entry: the architecture and where each tensor lies in the file (gguf.describe)."""
-"""In each entry: the GGUF it came from, and the tokenizer flags transformers does not save."""
 TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token")
 """transformers leaves these out of tokenizer_config.json; passed again, they rebuild the
 post-processor exactly as loading the GGUF did."""

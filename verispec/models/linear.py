@@ -14,7 +14,12 @@ import torch
 from verispec.models import native_linear
 from verispec.models.gguf_blocks import dequantize_codes
 from verispec.models.hub import cache_dir
-from verispec.models.native_linear import CODE_COLUMNS, AffineCodes, NativeKernel, NativeUnavailable
+from verispec.models.native_linear import (
+    AffineCodes,
+    NativeKernel,
+    NativeUnavailable,
+    WeightFormat,
+)
 from verispec.models.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
@@ -235,16 +240,6 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     return float32_fallback()
 
 
-def a8_ready(codes: AffineCodes) -> bool:
-    """Whether codes have the 8-bit-input kernel's form: one float16 d and m per 32 columns
-    (GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); K-quant codes keep exact float inputs under "a8"."""
-    return (
-        codes.group == CODE_COLUMNS
-        and torch.equal(codes.d.half().float(), codes.d)
-        and torch.equal(codes.m.half().float(), codes.m)
-    )
-
-
 PACK_ROWS = 2048
 """Rows of codes packed at a time (a multiple of the kernel's 16-row blocks)."""
 
@@ -281,18 +276,19 @@ def pack_codes_by_rows(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 WEIGHT_FORMATS = {
-    0: "float32",
-    1: "float16",
-    2: "8-bit codes, float32 d and m (Q5_1, Q5_K)",
-    3: "8-bit codes times 8-bit inputs (a8)",
-    4: "4-bit codes, float16 d and m (Q4_0, Q4_1)",
-    5: "8-bit codes, float16 d (Q8_0, Q5_0)",
-    6: "4-bit codes times 8-bit inputs (a8)",
-    7: "4-bit codes, float32 d and m (Q4_K)",
-    8: "8-bit codes, d and m per 16 columns (Q6_K beside others)",
-    9: "8-bit codes, d per 16 columns (Q6_K)",
+    WeightFormat.F32: "float32",
+    WeightFormat.F16: "float16",
+    WeightFormat.Q8_F32_DM: "8-bit codes, float32 d and m (Q5_1, Q5_K)",
+    WeightFormat.Q8_A8: "8-bit codes times 8-bit inputs (a8)",
+    WeightFormat.Q4_F16_DM: "4-bit codes, float16 d and m (Q4_0, Q4_1)",
+    WeightFormat.Q8_F16_D: "8-bit codes, float16 d (Q8_0, Q5_0)",
+    WeightFormat.Q4_A8: "4-bit codes times 8-bit inputs (a8)",
+    WeightFormat.Q4_F32_DM: "4-bit codes, float32 d and m (Q4_K)",
+    WeightFormat.Q8_F32_DM_HALVES: "8-bit codes, d and m per 16 columns (Q6_K beside others)",
+    WeightFormat.Q8_F32_D_HALVES: "8-bit codes, d per 16 columns (Q6_K)",
 }
-"""What each of the native kernel's packed kinds holds, for the settings users see."""
+"""What each of the native kernel's weight formats holds, for the settings users see."""
+A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8)
 
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
@@ -302,15 +298,16 @@ def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
     used: dict[str, str] = {}
     for lin in linears:
         if lin.kernel != "native":
-            used[f"{lin.weight.dtype if isinstance(lin.weight, torch.Tensor) else 'packed'}"
-                 .removeprefix("torch.")] = lin.kernel  # fmt: skip
+            weight = lin.weight
+            stored = str(weight.dtype) if isinstance(weight, torch.Tensor) else "packed"
+            used[stored.removeprefix("torch.")] = lin.kernel
             continue
         kernel = native_linear.loaded()
         kind = native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
         name = f"native {kernel.isa_name}"
-        if kind in (3, 6):
+        if kind in A8_FORMATS:
             name += " vnni" if kernel.vnni else " (portable 8-bit loop)"
-        used[WEIGHT_FORMATS.get(int(kind), f"kind {int(kind)}")] = name
+        used[WEIGHT_FORMATS[kind]] = name
     return dict(sorted(used.items()))
 
 
@@ -326,7 +323,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
     if rounded and not any(native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
-                           in (3, 6) for lin in rounded if lin.kernel == "native"):  # fmt: skip
+                           in A8_FORMATS for lin in rounded if lin.kernel == "native"):  # fmt: skip
         raise ValueError(
             f"quantization={rounded[0].quantization!r} multiplies 8-bit weight codes by 8-bit "
             "inputs, but no weight of this model is stored as codes (GGUF Q4_1 or Q8_0 "
@@ -392,7 +389,8 @@ class Linear:
             # else float16, else float32. The original weight is not kept.
             if codes is None:
                 codes = native_linear.affine_codes(weight.detach())
-            if codes is not None and quantization in ACTIVATION_QUANTIZATIONS and a8_ready(codes):
+            a8 = quantization in ACTIVATION_QUANTIZATIONS
+            if codes is not None and a8 and native_linear.a8_packable(codes):
                 self.weight, self.native_scales = native_linear.pack_codes_a8(codes)
             elif codes is not None:
                 self.weight, self.native_scales = pack_codes_by_rows(codes)

@@ -177,12 +177,12 @@ def load_model(
     check_quantization(quantization)
     check_compile(compile, batch_invariant)
     backend = choose_backend(linear_backend, device, dtype, compile)
-    if is_gguf(path):
-        config, from_file = gguf_weights(path, progress, cached_description(path, progress))
-        if device.type == "cpu" and dtype == torch.float32:
-            weights: GGUFWeights | dict[str, torch.Tensor] = from_file
-        else:  # other devices and dtypes compute with the float values, cast like safetensors
-            weights = read_gguf(path, dtype, device, progress)[1]
+    weights: GGUFWeights | dict[str, torch.Tensor]
+    if is_gguf(path) and device.type == "cpu" and dtype == torch.float32:
+        config, weights = gguf_weights(path, progress, cached_description(path, progress))
+        source = f"GGUF file {path}"
+    elif is_gguf(path):  # other devices and dtypes compute with the float values, cast
+        config, weights = read_gguf(path, dtype, device, progress)
         source = f"GGUF file {path}"
     else:
         config = ModelConfig.from_file(path / "config.json")

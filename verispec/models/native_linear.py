@@ -257,10 +257,16 @@ def release_freed_memory() -> None:
 
 def _advise_huge_pages(address: int, size: int) -> None:
     """madvise(MADV_HUGEPAGE) over [address, address + size), before the pages are touched."""
+    madvise(address, size, MADV_HUGEPAGE)  # a refusal only costs speed
+
+
+def madvise(address: int, size: int, advice: int) -> None:
+    """Linux's madvise over [address, address + size); where it is missing or refused, nothing
+    (every advice given here only costs speed or memory when ignored)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(address, size, MADV_HUGEPAGE)  # a refusal only costs speed
+        libc.madvise(address, size, advice)
     except (OSError, AttributeError):
         pass
 
@@ -410,6 +416,16 @@ def _codes_and_scales(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     else:  # [2 (d, m), B, 16, C, 2 (h)] -> [B, C, h, d or m, 16]
         scales = dm.view(2, -1, ROWS, chunks, 2).permute(1, 3, 4, 0, 2).contiguous()
     return packed, scales
+
+
+def a8_packable(codes: AffineCodes) -> bool:
+    """Whether codes have the a8 kinds' form, one float16 d and m per 32 columns (GGUF Q4_0,
+    Q4_1, Q5_0, Q5_1, Q8_0); `pack_codes_a8` refuses the others (K-quants)."""
+    return (
+        codes.group == CODE_COLUMNS
+        and torch.equal(codes.d.half().float(), codes.d)
+        and torch.equal(codes.m.half().float(), codes.m)
+    )
 
 
 def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
