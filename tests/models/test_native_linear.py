@@ -331,16 +331,28 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("form", ["q4_1", "q8_0"])
+@pytest.mark.parametrize(("form", "kind"), [("q4_1", 6), ("q8_0", 3), ("q4_k", 10), ("q5_k", 11)])
 @pytest.mark.parametrize("out", [37, 64])  # 64: up to 4 rows go in pairs of blocks
-def test_a8_products_round_each_row_on_its_own(form: str, out: int) -> None:
+def test_a8_products_round_each_row_on_its_own(form: str, kind: int, out: int) -> None:
     """Quantization "a8": the product of the codes with x rounded to 8-bit blocks; bit for bit
-    the same on every instruction set (integer sums) and for a row alone or among others."""
+    the same on every instruction set (integer sums) and for a row alone or among others.
+    K-quant codes (float32 d and m, kinds 10 and 11) included."""
     g = torch.Generator().manual_seed(5)
-    w = gguf_like(out, 3, 6) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
+    weight: torch.Tensor | native_linear.AffineCodes
+    if form in ("q4_k", "q5_k"):
+        weight = k_quant_codes(out, 3, 6, form)
+        w = materialized(weight)
+    else:
+        w = (
+            gguf_like(out, 3, 6)
+            if form == "q4_1"
+            else round_to_q8_0(torch.randn(out, 96, generator=g))
+        )
+        weight = w
     bias = torch.randn(out, generator=g)
-    linear = Linear(w, bias, "native", quantization="a8")
+    linear = Linear(weight, bias, "native", quantization="a8")
     assert linear.weight.dtype == torch.uint8 and linear.native_scales is not None
+    assert native_linear.kind_of(linear.weight, linear.native_scales) == kind
     x = torch.randn(40, 96, generator=g) * torch.logspace(-3, 1, 96)  # chunks of many sizes
     x[0, :32] = 0.0  # an all-zero chunk rounds to zeros
     packed, scales = linear.weight, linear.native_scales
@@ -361,6 +373,29 @@ def test_a8_products_round_each_row_on_its_own(form: str, out: int) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("form", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("out", [37, 64])
+def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int) -> None:
+    """Kinds 10 and 11 (float32 d and m, for K-quants) run kinds 6's and 3's operations: the
+    same d and m stored either way give the same bits on every kernel and row count."""
+    g = torch.Generator().manual_seed(out)
+    w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
+    codes = native_linear.affine_codes(w)
+    assert codes is not None
+    packed, half = native_linear.pack_codes_a8(codes)
+    assert native_linear.kind_of(packed, half) == (6 if form == "q4_1" else 3)
+    full = half.float()
+    assert native_linear.kind_of(packed, full) == (10 if form == "q4_1" else 11)
+    x = torch.randn(40, 96, generator=g)
+    bias = torch.randn(out, generator=g)
+    for kernel in kernels():
+        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
+            got = native_linear._product(kernel, x[:rows], packed, bias, out, full)
+            want = native_linear._product(kernel, x[:rows], packed, bias, out, half)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
+
+
+@needs_kernel
 def test_a8_needs_weights_stored_as_codes() -> None:
     w = torch.randn(32, 64)
     with pytest.raises(ValueError, match=r"no weight of this model is stored as codes.*w8a8"):
@@ -375,16 +410,18 @@ def test_a8_needs_weights_stored_as_codes() -> None:
 def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> native_linear.AffineCodes:
     """GGUF K-quant-style codes, whose d and m are products of float16 values and 6- or 8-bit
     scales (so mostly not float16 values): "q4_k" per 32 columns d = d16 * sc, m = -dmin16 * mn,
-    q in 0..15; "q6_k" per 16 columns d = d16 * sc (sc signed 8-bit), m = 0, q in -32..31;
-    "mixed" per 16 columns both forms' d and m in turn (fused weights of both kinds)."""
+    q in 0..15; "q5_k" the same with q in 0..31; "q6_k" per 16 columns d = d16 * sc (sc signed
+    8-bit), m = 0, q in -32..31; "mixed" per 16 columns both forms' d and m in turn (fused
+    weights of both kinds)."""
     g = torch.Generator().manual_seed(seed)
-    group = 32 if form == "q4_k" else 16
+    group = 32 if form in ("q4_k", "q5_k") else 16
     shape = (rows, chunks * 32 // group)
     d16 = (torch.rand(rows, 1, generator=g) * 1e-3 + 1e-4).half().float()
-    if form == "q4_k":
+    if group == 32:
         d = d16 * torch.randint(1, 64, shape, generator=g)
         m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
-        q = torch.randint(0, 16, (rows, chunks * 32), generator=g, dtype=torch.int8)
+        top = 16 if form == "q4_k" else 32
+        q = torch.randint(0, top, (rows, chunks * 32), generator=g, dtype=torch.int8)
         return native_linear.AffineCodes(q, d, m)
     d = d16 * torch.randint(-128, 128, shape, generator=g)
     q = torch.randint(-32, 32, (rows, chunks * 32), generator=g, dtype=torch.int8)
@@ -404,7 +441,8 @@ def materialized(codes: native_linear.AffineCodes) -> torch.Tensor:
 
 def test_k_quant_layouts() -> None:
     """Kind 7: kind 4's codes with float32 d and m; kind 8: kind 2's codes with d and m each 16
-    columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both."""
+    columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both; under a8 Q4_K
+    codes are kind 6's layout with float32 d and m (kind 10)."""
     codes = k_quant_codes(37, 3, 1, "q4_k")
     packed, scales = native_linear.pack_codes(codes)
     assert packed.shape == (3, 3, 4, 16, 4) and packed.dtype == torch.int8
@@ -424,8 +462,12 @@ def test_k_quant_layouts() -> None:
         assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == (1.5 if kind == 8 else 1.25)
         with pytest.raises(ValueError, match="one d and m per 32 columns"):
             native_linear.pack_codes_a8(codes)
-    with pytest.raises(ValueError, match="float16 values"):
-        native_linear.pack_codes_a8(k_quant_codes(37, 3, 1, "q4_k"))
+    codes = k_quant_codes(37, 3, 1, "q4_k")
+    packed, scales = native_linear.pack_codes_a8(codes)
+    assert native_linear.kind_of(packed, scales) == 10
+    assert packed.shape == (3, 3, 4, 16, 4) and scales.shape == (3, 3, 2, 16)
+    assert scales.dtype == torch.float32 and scales[1, 2, 1, 3] == codes.m[19, 2]
+    assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
 
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 40)  # 40: prefill-sized calls unpack each block once

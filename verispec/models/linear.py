@@ -286,9 +286,12 @@ WEIGHT_FORMATS = {
     WeightFormat.Q4_F32_DM: "4-bit codes, float32 d and m (Q4_K)",
     WeightFormat.Q8_F32_DM_HALVES: "8-bit codes, d and m per 16 columns (Q6_K beside others)",
     WeightFormat.Q8_F32_D_HALVES: "8-bit codes, d per 16 columns (Q6_K)",
+    WeightFormat.Q4_F32_A8: "4-bit codes, float32 d and m, times 8-bit inputs (Q4_K, a8)",
+    WeightFormat.Q8_F32_A8: "8-bit codes, float32 d and m, times 8-bit inputs (Q5_K, a8)",
 }
 """What each of the native kernel's weight formats holds, for the settings users see."""
-A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8)
+A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
+              WeightFormat.Q8_F32_A8)
 
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:

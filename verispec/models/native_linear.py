@@ -51,7 +51,7 @@ _ISA_NAMES = {1: "avx2", 2: "avx512"}
 log = logging.getLogger("verispec")
 
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -69,6 +69,8 @@ class WeightFormat(IntEnum):
     Q4_F32_DM = 7
     Q8_F32_DM_HALVES = 8
     Q8_F32_D_HALVES = 9
+    Q4_F32_A8 = 10
+    Q8_F32_A8 = 11
 
 
 @dataclass(frozen=True)
@@ -419,13 +421,9 @@ def _codes_and_scales(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def a8_packable(codes: AffineCodes) -> bool:
-    """Whether codes have the a8 kinds' form, one float16 d and m per 32 columns (GGUF Q4_0,
-    Q4_1, Q5_0, Q5_1, Q8_0); `pack_codes_a8` refuses the others (K-quants)."""
-    return (
-        codes.group == CODE_COLUMNS
-        and torch.equal(codes.d.half().float(), codes.d)
-        and torch.equal(codes.m.half().float(), codes.m)
-    )
+    """Whether codes have the a8 kinds' form, one d and m per 32 columns (GGUF Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K); `pack_codes_a8` refuses the others (Q6_K's 16 columns)."""
+    return codes.group == CODE_COLUMNS
 
 
 def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,16 +436,18 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6: uint8 [N'/16,
     K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e] | that
     of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
-    Raises ValueError for codes whose d and m are not float16 values or change every 16 columns
-    (GGUF K-quants): the a8 kinds store float16 d and m per 32 columns."""
+    Where some d or m is no float16 value (GGUF Q4_K, Q5_K: products of a float16 and a 6-bit
+    scale) the scales stay float32, kinds 10 (4-bit codes, 0.75 bytes a weight) and 11 (8-bit,
+    1.25): the same operations on the same values as kinds 6 and 3.
+    Raises ValueError for codes whose d and m change every 16 columns (GGUF Q6_K): the a8
+    kinds store one d and m per 32 columns."""
     if codes.group != CODE_COLUMNS:
         raise ValueError(f"quantization a8 needs one d and m per {CODE_COLUMNS} columns; these "
                          f"codes have one per {codes.group} (GGUF Q6_K blocks)")  # fmt: skip
     packed, scales = _codes_and_scales(codes)
     half = scales.half()
     if not torch.equal(half.float(), scales):
-        raise ValueError("quantization a8 needs d and m that are float16 values (GGUF Q4_1, "
-                         "Q8_0 blocks); these are not (GGUF K-quants)")  # fmt: skip
+        half = scales  # K-quants: float32 d and m, kinds 10 and 11
     blocks, chunks = packed.shape[:2]
     nibbles = codes.four_bit
     unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
@@ -505,7 +505,8 @@ def _product(
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
     """The WeightFormat of a packed weight, from what the packers return: codes times 8-bit
     activations (uint8, `pack_codes_a8`) Q8_A8 for 8-bit codes [B, C, 8, 16, 4], Q4_A8 for
-    4-bit ones [B, C, 4, 16, 4]; codes times float32 x (int8, `pack_codes`) Q8_F32_DM for
+    4-bit ones [B, C, 4, 16, 4], with float16 d and m, Q8_F32_A8 and Q4_F32_A8 with float32
+    ones; codes times float32 x (int8, `pack_codes`) Q8_F32_DM for
     8-bit codes with float32 d and m, Q8_F16_D with float16 d alone, Q4_F16_DM for 4-bit codes
     [B, C, 4, 16, 4] with float16 d and m, Q4_F32_DM with float32 d and m, Q8_F32_DM_HALVES
     for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), Q8_F32_D_HALVES
@@ -513,6 +514,8 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
     f = WeightFormat
     if scales is not None:
         if packed.dtype == torch.uint8:
+            if scales.dtype == torch.float32:
+                return f.Q8_F32_A8 if packed.shape[2] == 8 else f.Q4_F32_A8
             return f.Q8_A8 if packed.shape[2] == 8 else f.Q4_A8
         if scales.dim() == 5:
             return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES

@@ -546,7 +546,11 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
  * codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) | q(W[16 b + j, 32 c + 16 + 4 k + e]) << 4
  * (k < 4), so a vector's low 4 bits are kind 3's vector k less 128 and its high 4 bits vector
  * k + 4 less 128; its sums start at 0 instead of -128 sum_l q_l, which gives the same integers.
- * 0.625 bytes a weight instead of 1.125. */
+ * 0.625 bytes a weight instead of 1.125.
+ * Kinds 10 and 11 are kinds 6 and 3 with d and m stored as float32 (scales[b][c][0 or 1][j]):
+ * a K-quant's d and m (Q4_K, Q5_K) are products of float16 values, not float16 values. The
+ * same operations on the same float32 values, so where d and m are float16 values they give
+ * kinds 6's and 3's bits; 0.75 and 1.25 bytes a weight. */
 
 #define H16 uint16_t /* float16 bits */
 
@@ -629,6 +633,15 @@ VNNI INLINE __m512 half16(const H16 *h) { /* 16 float16 values, exactly as float
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
 }
 
+/* Bytes of an a8 weight's d or m: float16 (kinds 3 and 6, GGUF's own d and m) or float32
+ * (kinds 10 and 11: a K-quant's d and m, products of a float16 and a 6-bit scale). */
+#define A8_SCALE_BYTES(f32) ((f32) ? 4 : 2)
+
+/* 16 d or m values from element i of an a8 weight's scales, as float32 (exactly either way). */
+VNNI INLINE __m512 scales16(const char *s, int64_t i, const int f32) {
+  return f32 ? _mm512_loadu_ps((const float *)s + i) : half16((const H16 *)s + i);
+}
+
 /* acc plus one chunk of 16 outputs: the chunk's integer sum scaled by d_x d, then the affine
  * term m mx. Every a8 tile adds its chunks by this, so their outputs are the same bits. */
 VNNI INLINE __m512 add_chunk(__m512 acc, __m512i sum, float dx, float mx, __m512 d, __m512 m) {
@@ -656,22 +669,23 @@ VNNI INLINE void chunk_codes(const uint8_t *cb, int64_t c, __m512i *w, const int
  * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
  * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
  * least eight chains are in flight (integer sums: the split changes no bit). nib: kind 6. */
-VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 *sb,
+VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
-                              const H16 *next_scales, const int nib) {
+                              const char *next_scales, const int nib, const int f32) {
   const int64_t C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
+  const int64_t line = 2 * R * A8_SCALE_BYTES(f32); /* bytes of a chunk's d and m */
   __m512 acc[8];
   _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
     if (next) { /* the next block's chunk c into L2, while this one computes */
       _Pragma("GCC unroll 8") for (int l = 0; l < chunk_bytes; l += 64)
         _mm_prefetch((const char *)(next + c * chunk_bytes + l), _MM_HINT_T1);
-      _mm_prefetch((const char *)(next_scales + c * 2 * R), _MM_HINT_T1);
+      for (int64_t l = 0; l < line; l += 64) _mm_prefetch(next_scales + c * line + l, _MM_HINT_T1);
     }
     __m512i w[8];
     chunk_codes(cb, c, w, nib);
-    const __m512 d = half16(sb + c * 2 * R), m = half16(sb + c * 2 * R + R);
+    const __m512 d = scales16(sb, c * 2 * R, f32), m = scales16(sb, c * 2 * R + R, f32);
     const int64_t tc = at(r, t0, c); /* the tile's rows of chunk c: tc, tc + 1, ... */
     __m512i even[8], odd[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
@@ -698,26 +712,29 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const H16 
 }
 
 #define A8_TILE(TN) \
-  tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, nib)
+  tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, nib, f32)
 
-/* An OpenMP loop over blocks or pairs, compiled once for kind 3 and once for kind 6 (nib): the
- * loop's body becomes a function of its own, in which nib must be a constant (see Q8_ENTRY). */
-#define A8_ENTRY(NAME, BODY, NIB, BLOCKS)                                                     \
-  VNNI static void NAME(const RoundedRows r, const uint8_t *codes, const H16 *scales,         \
+/* An OpenMP loop over blocks or pairs, compiled for each of kinds 3, 6 (nib), 11 (f32) and 10
+ * (both): the loop's body becomes a function of its own, in which nib and f32 must be constants
+ * (see Q8_ENTRY). */
+#define A8_ENTRY(NAME, BODY, NIB, F32, BLOCKS)                                                \
+  VNNI static void NAME(const RoundedRows r, const uint8_t *codes, const char *scales,        \
                         const float *bias, float *y, int64_t T, int64_t N, int64_t K,         \
                         int64_t ldy, int threads) {                                           \
     const int64_t n = (N + BLOCKS * R - 1) / (BLOCKS * R);                                    \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
-    for (int64_t b = 0; b < n; b++) BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB);    \
+    for (int64_t b = 0; b < n; b++)                                                           \
+      BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB, F32);                             \
   }
 
-/* Block b of an a8 product (nib: kind 6). */
-VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const H16 *scales,
+/* Block b of an a8 product (nib: kinds 6 and 10; f32: float32 d and m, kinds 10 and 11). */
+VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char *scales,
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                          int64_t ldy, int64_t b, const int nib) {
+                          int64_t ldy, int64_t b, const int nib, const int f32) {
   const int64_t blocks = (N + R - 1) / R, block_bytes = nib ? R * K / 2 : R * K;
+  const int64_t scale_bytes = 2 * R * (K / QC) * A8_SCALE_BYTES(f32); /* a block's d and m */
   const uint8_t *cb = codes + b * block_bytes;
-  const H16 *sb = scales + b * 2 * R * (K / QC);
+  const char *sb = scales + b * scale_bytes;
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
    * 4 + 1): 8 rows stream a block once. The first tile asks for the next block
@@ -725,7 +742,7 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const H16 *
    * from 5 rows up the products take about as long as the stream, and without the
    * prefetch an 8-row product over SmolLM2's layers ran 12% longer. */
   const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
-  const H16 *next_scales = sb + 2 * R * (K / QC);
+  const char *next_scales = sb + scale_bytes;
   int64_t t = 0;
   for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
   if (t + 4 <= T) {
@@ -744,14 +761,15 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const H16 *
  * feeds two vpdpbusd, one a block, each row's two chains 8 deep; per output the very
  * operations of tile_a8_vnni (integer sums, then add_chunk), so the same bits. next, when not
  * NULL, is the next pair, whose chunk c is asked for into L2 while chunk c computes. */
-VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 *sb,
+VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t t0, const int TN, const uint8_t *next,
-                              const H16 *next_scales, const int nib) {
+                              const char *next_scales, const int nib, const int f32) {
   const int64_t C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
   const int64_t chunk_bytes = nib ? R * QC / 2 : R * QC;
+  const int64_t line = 2 * R * A8_SCALE_BYTES(f32), scale_bytes = C * line;
   const uint8_t *cb1 = cb + block_bytes;
-  const H16 *sb1 = sb + 2 * R * C;
+  const char *sb1 = sb + scale_bytes;
   __m512 acc0[4], acc1[4];
   _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
@@ -759,7 +777,8 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
       for (int b = 0; b < 2; b++) {
         _Pragma("GCC unroll 8") for (int l = 0; l < chunk_bytes; l += 64)
           _mm_prefetch((const char *)(next + b * block_bytes + c * chunk_bytes + l), _MM_HINT_T1);
-        _mm_prefetch((const char *)(next_scales + b * 2 * R * C + c * 2 * R), _MM_HINT_T1);
+        for (int64_t l = 0; l < line; l += 64)
+          _mm_prefetch(next_scales + b * scale_bytes + c * line + l, _MM_HINT_T1);
       }
     __m512i w0[8], w1[8];
     chunk_codes(cb, c, w0, nib);
@@ -775,10 +794,10 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
         s0 = _mm512_dpbusd_epi32(s0, w0[k], xa);
         s1 = _mm512_dpbusd_epi32(s1, w1[k], xa);
       }
-      acc0[i] = add_chunk(acc0[i], s0, r.dx[tc], r.mx[tc], half16(sb + c * 2 * R),
-                          half16(sb + c * 2 * R + R));
-      acc1[i] = add_chunk(acc1[i], s1, r.dx[tc], r.mx[tc], half16(sb1 + c * 2 * R),
-                          half16(sb1 + c * 2 * R + R));
+      acc0[i] = add_chunk(acc0[i], s0, r.dx[tc], r.mx[tc], scales16(sb, c * 2 * R, f32),
+                          scales16(sb, c * 2 * R + R, f32));
+      acc1[i] = add_chunk(acc1[i], s1, r.dx[tc], r.mx[tc], scales16(sb1, c * 2 * R, f32),
+                          scales16(sb1, c * 2 * R + R, f32));
     }
   }
   const __m512 b0 = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
@@ -795,39 +814,57 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const H16 
  * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). From 3 rows a
  * tile asks for the next pair while it computes (3 and 4 rows over SmolLM2's layers 10%
  * faster; at 2 rows the prefetches cost about what they save). */
-VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const H16 *scales,
+VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *scales,
                          const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                         int64_t ldy, int64_t p, const int nib) {
+                         int64_t ldy, int64_t p, const int nib, const int f32) {
   const int64_t pairs = N / (2 * R), C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
+  const int64_t scale_bytes = 2 * R * C * A8_SCALE_BYTES(f32); /* a block's d and m */
   const uint8_t *cb = codes + 2 * p * block_bytes;
-  const H16 *sb = scales + 2 * p * 2 * R * C;
+  const char *sb = scales + 2 * p * scale_bytes;
   const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * block_bytes : NULL;
-  const H16 *ns = sb + 2 * 2 * R * C;
+  const char *ns = sb + 2 * scale_bytes;
   const int64_t n0 = 2 * p * R;
   switch (T) {
-    case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib); break;
-    case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 3, next, ns, nib); break;
-    case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 2, NULL, NULL, nib); break;
-    default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 1, NULL, NULL, nib); break;
+    case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib, f32); break;
+    case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 3, next, ns, nib, f32); break;
+    case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 2, NULL, NULL, nib, f32); break;
+    default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 1, NULL, NULL, nib, f32); break;
   }
 }
 
-A8_ENTRY(a8_blocks_bytes, a8_block, 0, 1)
-A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 1)
-A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 2)
-A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 2)
+/* [nib][f32]: kinds 3, 11 (8-bit codes), 6, 10 (4-bit codes) */
+A8_ENTRY(a8_blocks_bytes, a8_block, 0, 0, 1)
+A8_ENTRY(a8_blocks_bytes_f32, a8_block, 0, 1, 1)
+A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 0, 1)
+A8_ENTRY(a8_blocks_nibbles_f32, a8_block, 1, 1, 1)
+A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 0, 2)
+A8_ENTRY(a8_pairs_bytes_f32, a8_pair, 0, 1, 2)
+A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 0, 2)
+A8_ENTRY(a8_pairs_nibbles_f32, a8_pair, 1, 1, 2)
+
+typedef void (*A8Entry)(const RoundedRows, const uint8_t *, const char *, const float *, float *,
+                        int64_t, int64_t, int64_t, int64_t, int);
+static const A8Entry A8_BLOCKS[2][2] = {{a8_blocks_bytes, a8_blocks_bytes_f32},
+                                        {a8_blocks_nibbles, a8_blocks_nibbles_f32}};
+static const A8Entry A8_PAIRS[2][2] = {{a8_pairs_bytes, a8_pairs_bytes_f32},
+                                       {a8_pairs_nibbles, a8_pairs_nibbles_f32}};
+
+/* Element i of an a8 weight's d or m as float32 (the portable loop's scales16). */
+AVX2 INLINE float scale_at(const char *s, int64_t i, const int f32) {
+  return f32 ? ((const float *)s)[i] : _cvtsh_ss(((const H16 *)s)[i]);
+}
 
 /* The same sums on any CPU the kernel runs on (AVX2, or AVX-512 without VNNI): the same
  * integers, then the same two fmas per chunk in the same order, so the same bits. */
 AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
-                                    const H16 *scales, const float *bias, float *y, int64_t T,
+                                    const char *scales, const float *bias, float *y, int64_t T,
                                     int64_t N, int64_t K, int64_t ldy, int threads,
-                                    const int nib) {
+                                    const int nib, const int f32) {
   const int64_t blocks = (N + R - 1) / R, C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t *cb = codes + b * C * chunk_bytes;
-    const H16 *sb = scales + b * 2 * R * C;
+    const char *sb = scales + b * 2 * R * C * A8_SCALE_BYTES(f32);
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     for (int64_t t = 0; t < T; t++) {
       float acc[R] = {0};
@@ -842,9 +879,9 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
               sum[j] += (int32_t)(nib ? u >> (4 * (k / 4)) & 15 : u) * q[4 * k + e];
             }
         for (int j = 0; j < R; j++) {
-          const float scale = r.dx[tc] * _cvtsh_ss(sb[c * 2 * R + j]);
+          const float scale = r.dx[tc] * scale_at(sb, c * 2 * R + j, f32);
           acc[j] = fmaf(scale, (float)(sum[j] + (nib ? 0 : r.corr[tc])), acc[j]);
-          acc[j] = fmaf(_cvtsh_ss(sb[c * 2 * R + R + j]), r.mx[tc], acc[j]);
+          acc[j] = fmaf(scale_at(sb, c * 2 * R + R + j, f32), r.mx[tc], acc[j]);
         }
       }
       for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
@@ -869,9 +906,9 @@ int verispec_linear_vnni(void) { return has_vnni(); }
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
  * vpdpbusd where isa is 2 and the CPU has AVX-512 VNNI (pairs of blocks for up to 4 rows), else
  * the portable loop. */
-static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *scales,
+static void linear_a8(int isa, const float *x, const uint8_t *codes, const char *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                      int threads, const int nib) {
+                      int threads, const int nib, const int f32) {
   const int64_t C = K / QC;
   /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr [C][T], then q [C][T][32]. */
   float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
@@ -879,11 +916,11 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const H16 *
                          T, C};
   round_rows(isa, x, T, K, r, threads);
   if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
-    (nib ? a8_pairs_nibbles : a8_pairs_bytes)(r, codes, scales, bias, y, T, N, K, ldy, threads);
+    A8_PAIRS[nib][f32](r, codes, scales, bias, y, T, N, K, ldy, threads);
   else if (isa == 2 && has_vnni())
-    (nib ? a8_blocks_nibbles : a8_blocks_bytes)(r, codes, scales, bias, y, T, N, K, ldy, threads);
+    A8_BLOCKS[nib][f32](r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
-    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib);
+    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib, f32);
   free(f);
 }
 
@@ -964,7 +1001,8 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a byte (the same products
  * as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K; kind 2's products),
  * 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 = kind 8 with
- * m = 0 and d alone stored. */
+ * m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind 6's
+ * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products). */
 int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
 
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
@@ -974,8 +1012,11 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     switch (format) {
     case VERISPEC_Q8_A8:
     case VERISPEC_Q4_A8:
-      linear_a8(isa, x + t * K, w, (const uint16_t *)scales, bias, y + t * N, n, N, K, N,
-                threads, format == VERISPEC_Q4_A8);
+    case VERISPEC_Q4_F32_A8:
+    case VERISPEC_Q8_F32_A8:
+      linear_a8(isa, x + t * K, w, (const char *)scales, bias, y + t * N, n, N, K, N, threads,
+                format == VERISPEC_Q4_A8 || format == VERISPEC_Q4_F32_A8,
+                format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8);
       break;
     case VERISPEC_Q8_F32_DM:
     case VERISPEC_Q4_F16_DM:

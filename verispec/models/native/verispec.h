@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 2
+#define VERISPEC_ABI_VERSION 3
 
 /* What a packed weight holds (native_linear.py's packers lay each one out). */
 enum verispec_weight_format {
@@ -22,6 +22,8 @@ enum verispec_weight_format {
   VERISPEC_Q4_F32_DM = 7,         /* 4-bit codes, float32 d and m per 32 columns (Q4_K) */
   VERISPEC_Q8_F32_DM_HALVES = 8,  /* 8-bit codes, float32 d and m per 16 columns (Q6_K mixed) */
   VERISPEC_Q8_F32_D_HALVES = 9,   /* 8-bit codes, float32 d per 16 columns, m = 0 (Q6_K) */
+  VERISPEC_Q4_F32_A8 = 10,        /* 4-bit codes times 8-bit inputs, float32 d and m (Q4_K, a8) */
+  VERISPEC_Q8_F32_A8 = 11,        /* 8-bit codes times 8-bit inputs, float32 d and m (Q5_K, a8) */
 };
 
 int verispec_abi_version(void);
