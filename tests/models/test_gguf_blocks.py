@@ -11,8 +11,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GGML
 from gguf.quants import dequantize
 
+from verispec.models import gguf_blocks, native_linear
 from verispec.models import linear as linear_module
-from verispec.models import native_linear
 from verispec.models.gguf_blocks import (
     CODED_TYPES,
     block_codes,
@@ -34,9 +34,10 @@ def random_blocks(kind: GGML, rows: int, columns: int, seed: int = 0) -> np.ndar
     scale_offsets = {GGML.Q4_K: (0, 2), GGML.Q5_K: (0, 2), GGML.Q6_K: (208,),
                      GGML.Q4_1: (0, 2), GGML.Q5_1: (0, 2)}.get(kind, (0,))  # fmt: skip
     for offset in scale_offsets:
-        scales = (rng.uniform(0.001, 0.02, data.shape[:2]) * rng.choice([-1, 1], data.shape[:2]))
-        data[:, :, offset : offset + 2] = scales.astype(np.float16).view(np.uint8).reshape(
-            *data.shape[:2], 2)
+        scales = rng.uniform(0.001, 0.02, data.shape[:2]) * rng.choice([-1, 1], data.shape[:2])
+        data[:, :, offset : offset + 2] = (
+            scales.astype(np.float16).view(np.uint8).reshape(*data.shape[:2], 2)
+        )
     return data.reshape(rows, -1)
 
 
@@ -110,3 +111,42 @@ def test_stacking_mixed_groups_keeps_every_value() -> None:
     assert torch.equal(dequantize_codes(regrouped(parts[0], 16)), dequantize_codes(parts[0]))
     floats = stacked([parts[0], torch.ones(4, 256)])
     assert isinstance(floats, torch.Tensor) and floats.shape == (20, 256)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b equal bit for bit, or both NaN (a NaN's payload is the hardware's choice)."""
+    both_nan = a.isnan() & b.isnan()
+    return torch.equal(a.view(torch.int32)[~both_nan], b.view(torch.int32)[~both_nan])
+
+
+@needs_native
+@pytest.mark.parametrize("kind", CODED_TYPES, ids=lambda k: k.name)
+def test_native_decoding_gives_the_numpy_forms_bits(kind: GGML, monkeypatch) -> None:
+    """blocks.c decodes every byte pattern (huge, subnormal, infinite and NaN float16 scales,
+    signed zeros) to the codes, d and m of this module's numpy forms, bit for bit."""
+    block, size = GGML_QUANT_SIZES[kind]
+    data = np.random.default_rng(2).integers(0, 256, (41, 1024 // block * size), np.uint8)
+    data[0, :size] = 0  # a zero block: d = +0, m = -0 for the K-quants' -(dmin mn)
+    native = block_codes(data, kind, 41, 1024)
+    monkeypatch.setattr(gguf_blocks, "native_kernel", lambda: native_linear.NativeUnavailable(""))
+    with np.errstate(all="ignore"):
+        reference = block_codes(data, kind, 41, 1024)
+    assert torch.equal(native.codes, reference.codes) and native.group == reference.group
+    assert _same_bits(native.d, reference.d) and _same_bits(native.m, reference.m)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 16, 37])
+def test_native_packing_gives_torchs_bytes(rows: int, monkeypatch) -> None:
+    """blocks.c's packing lays codes out as the torch reshapes do: a byte each, and two a byte
+    (kinds 4 and 7), rows padded with zeros."""
+    g = torch.Generator().manual_seed(rows)
+    wide = torch.randint(-128, 128, (rows, 96), generator=g, dtype=torch.int8)
+    narrow = torch.randint(0, 16, (rows, 96), generator=g, dtype=torch.int8)
+    native = [native_linear.packed_code_bytes(wide, False),
+              native_linear.packed_code_bytes(narrow, True)]  # fmt: skip
+    monkeypatch.setattr(native_linear, "native_kernel", lambda: native_linear.NativeUnavailable(""))
+    torch_made = [native_linear.packed_code_bytes(wide, False),
+                  native_linear.packed_code_bytes(narrow, True)]  # fmt: skip
+    for a, b in zip(native, torch_made, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)

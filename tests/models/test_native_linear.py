@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from verispec.models import native_linear
+from verispec.models.gguf_blocks import CODED_TYPES
 from verispec.models.linear import Linear, choose_backend, kernel_for, pack_together
 from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel, pack
 from verispec.models.quantization import round_to_q8_0
@@ -597,14 +598,18 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
 
 def test_the_header_and_the_python_enum_name_the_same_formats() -> None:
     """verispec.h's enum and native_linear.WeightFormat agree name for name and value for
-    value, and so do their ABI versions: a change on one side alone fails here."""
+    value, and so do their ABI versions; its GGML types are gguf-py's GGMLQuantizationType
+    values for the types gguf_blocks decodes: a change on one side alone fails here."""
     import re
 
     text = native_linear.HEADER.read_text()
     enum = dict(re.findall(r"VERISPEC_(\w+) = (\d+),", text))
-    assert {name: int(v) for name, v in enum.items()} == {
-        f.name: f.value for f in native_linear.WeightFormat
+    formats = {name: int(v) for name, v in enum.items() if not name.startswith("GGML_")}
+    assert formats == {f.name: f.value for f in native_linear.WeightFormat}
+    ggml = {
+        name.removeprefix("GGML_"): int(v) for name, v in enum.items() if name.startswith("GGML_")
     }
+    assert ggml == {t.name: t.value for t in CODED_TYPES}  # blocks.c's types: gguf-py's numbers
     [abi] = re.findall(r"#define VERISPEC_ABI_VERSION (\d+)", text)
     assert int(abi) == native_linear.ABI_VERSION
 

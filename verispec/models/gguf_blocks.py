@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from verispec.models.native_linear import AffineCodes
+from verispec.models.native_linear import AffineCodes, NativeKernel, native_kernel
 
 QK = 32
 """Values per block of the legacy types (Q4_0 .. Q8_0) and per sub-block of Q4_K and Q5_K."""
@@ -112,7 +112,9 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
     """The affine codes of one GGUF tensor's blocks: data [rows, bytes a row] uint8 as the file
     holds them (a row of `columns` values is columns / block_size blocks), kind one of
     CODED_TYPES. Codes [rows, columns] int8; d, m [rows, columns / group] float32, group 16 for
-    Q6_K, else 32. ValueError for a kind this module does not decode."""
+    Q6_K, else 32. ValueError for a kind this module does not decode.
+    Decoded by native/blocks.c where the native kernel loaded (the same bits: tested), else by
+    this module's numpy forms."""
     if kind not in CODED_TYPES:
         raise ValueError(f"GGML type {kind.name} has no affine codes here")
     per_block = QK_K if kind in (GGML.Q4_K, GGML.Q5_K, GGML.Q6_K) else QK
@@ -121,6 +123,22 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
     codes = np.empty((rows, columns), dtype=np.int8)
     d = np.empty((rows, columns // group), dtype=np.float32)
     m = np.empty_like(d)
+    kernel = native_kernel()
+    if isinstance(kernel, NativeKernel):
+        data = np.ascontiguousarray(data)
+        done = kernel.lib.verispec_block_codes(int(kind), data.ctypes.data,
+                                               rows * (columns // per_block), codes.ctypes.data,
+                                               d.ctypes.data, m.ctypes.data,
+                                               torch.get_num_threads())  # fmt: skip
+        assert done == 0, kind  # every CODED_TYPES member is one of blocks.c's types
+        return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group)
+    return _numpy_block_codes(data, kind, rows, columns, codes, d, m, per_block, group)
+
+
+def _numpy_block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int, codes: np.ndarray,
+                       d: np.ndarray, m: np.ndarray, per_block: int,
+                       group: int) -> AffineCodes:  # fmt: skip
+    """block_codes by numpy, into codes, d and m, a slice of rows at a time."""
     step = max(1, (1 << 20) // columns)  # rows at a time: the decoding's temporaries stay small
     for start in range(0, rows, step):
         end = min(rows, start + step)

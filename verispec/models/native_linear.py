@@ -35,9 +35,11 @@ from verispec.models.hub import cache_dir
 
 HEADER = Path(__file__).with_name("native") / "verispec.h"
 """The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
-SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("linear.c", "layer.c"))
-"""Built together into one library: the products (linear.c) and the decoder layer's other
-work (layer.c, used by native_layer.py)."""
+SOURCES = tuple(Path(__file__).with_name("native") / name
+                for name in ("linear.c", "layer.c", "blocks.c"))  # fmt: skip
+"""Built together into one library: the products (linear.c), the decoder layer's other work
+(layer.c, used by native_layer.py), and a GGUF file's blocks decoded and packed as codes
+(blocks.c, for loading)."""
 ROWS = 16
 """Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
 CHUNK_ROWS = 128
@@ -171,6 +173,11 @@ def _load() -> NativeKernel | NativeUnavailable:
     lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
                                     size, ctypes.c_int]  # fmt: skip
     lib.verispec_linear.restype = None
+    lib.verispec_block_codes.argtypes = [ctypes.c_int, *[pointer] * 1, size, *[pointer] * 3,
+                                         ctypes.c_int]  # fmt: skip
+    lib.verispec_block_codes.restype = ctypes.c_int
+    lib.verispec_pack_codes.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
+    lib.verispec_pack_codes.restype = None
     _declare_layer_functions(lib)
     return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
 
@@ -381,19 +388,16 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
 
     Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
     (row 5 = 4 * 1 + 1)."""
-    packed, scales = _codes_and_scales(codes)
+    four_bit = codes.group == CODE_COLUMNS and codes.four_bit
+    packed, scales = _codes_and_scales(codes, nibbles=four_bit)
     if codes.group != CODE_COLUMNS:
         if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0: kind 9
             return packed, scales[:, :, :, :1].contiguous()
         return packed, scales
     half = scales.half()
     float16 = torch.equal(half.float(), scales)
-    if codes.four_bit:
-        low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
-        pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
-        blocks, chunks = packed.shape[:2]
-        nibbles = pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous()
-        return nibbles, half if float16 else scales
+    if four_bit:
+        return packed, half if float16 else scales
     if not float16:
         return packed, scales
     if not bool(scales[:, :, 1].any()):
@@ -401,17 +405,44 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales
 
 
-def _codes_and_scales(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """pack_codes' codes and its scales as float32 d and m: kind 2's, or for group 16 kind 8's
-    [N'/16, K'/32, 2, 2, 16]."""
+def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """Codes q [N, K] int8 (K a multiple of 32) in the kernel's blocks, N padded with zero rows
+    to N': [N'/16, K/32, 16, 32], or with nibbles (every code in 0..15) two a byte [N'/16, K/32,
+    4, 16, 4] (`pack_codes` gives the layouts). One pass of blocks.c where the kernel loaded,
+    else the same bytes by torch's reshapes."""
+    n, k = q.shape
+    rows = _padded(n)
+    kernel = native_kernel()
+    if isinstance(kernel, NativeKernel):
+        q = q.contiguous()
+        shape = (rows // ROWS, k // CODE_COLUMNS, 4, ROWS, 4) if nibbles else (
+            rows // ROWS, k // CODE_COLUMNS, ROWS, CODE_COLUMNS)  # fmt: skip
+        out = torch.empty(shape, dtype=torch.int8)
+        kernel.lib.verispec_pack_codes(q.data_ptr(), n, k, int(nibbles), out.data_ptr(),
+                                       torch.get_num_threads())  # fmt: skip
+        return out
+    padded = torch.zeros(rows, k, dtype=torch.int8)
+    padded[:n] = q
+    packed = _row_blocks(padded, CODE_COLUMNS)
+    if not nibbles:
+        return packed
+    low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
+    pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
+    blocks, chunks = packed.shape[:2]
+    return pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous()
+
+
+def _codes_and_scales(
+    codes: AffineCodes, nibbles: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_codes' codes (two a byte with nibbles) and its scales as float32 d and m: kind 2's,
+    or for group 16 kind 8's [N'/16, K'/32, 2, 2, 16]."""
     assert codes.group in (CODE_COLUMNS, CODE_COLUMNS // 2), codes.group
     n, k = codes.codes.shape
     rows = _padded(n)
-    q = torch.zeros(rows, k, dtype=torch.int8)
-    q[:n] = codes.codes
     dm = torch.zeros(2, rows, k // codes.group)
     dm[0, :n], dm[1, :n] = codes.d, codes.m
-    packed = _row_blocks(q, CODE_COLUMNS)
+    packed = packed_code_bytes(codes.codes, nibbles)
     chunks = k // CODE_COLUMNS
     if codes.group == CODE_COLUMNS:
         scales = dm.view(2, -1, ROWS, chunks).permute(1, 3, 0, 2).contiguous()

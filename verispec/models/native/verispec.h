@@ -26,10 +26,30 @@ enum verispec_weight_format {
   VERISPEC_Q8_F32_A8 = 11,        /* 8-bit codes times 8-bit inputs, float32 d and m (Q5_K, a8) */
 };
 
+/* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
+ * GGMLQuantizationType names them on the Python side). */
+enum verispec_ggml_type {
+  VERISPEC_GGML_Q4_0 = 2,
+  VERISPEC_GGML_Q4_1 = 3,
+  VERISPEC_GGML_Q5_0 = 6,
+  VERISPEC_GGML_Q5_1 = 7,
+  VERISPEC_GGML_Q8_0 = 8,
+  VERISPEC_GGML_Q4_K = 12,
+  VERISPEC_GGML_Q5_K = 13,
+  VERISPEC_GGML_Q6_K = 14,
+};
+
 int verispec_abi_version(void);
 int verispec_linear_isa(void);
 int verispec_linear_vnni(void);
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
+
+/* blocks.c: n GGUF blocks of a verispec_ggml_type -> affine codes (0, or -1 for another type);
+ * codes [N, K] -> the kernel's codes layout, a byte each or (nibbles) two a byte. */
+int verispec_block_codes(int type, const uint8_t *blocks, int64_t n, int8_t *q, float *d,
+                         float *m, int threads);
+void verispec_pack_codes(const int8_t *q, int64_t N, int64_t K, int nibbles, int8_t *out,
+                         int threads);
 
 #endif
