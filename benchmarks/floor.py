@@ -39,6 +39,9 @@ MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),
     "smollm2-fp16": (lambda: pull("smollm2-135m-instruct"), "fp16"),
     "smollm2-a8": (lambda: pull("smollm2-135m-instruct"), "a8"),  # its codes times 8-bit inputs
+    "qwen1.5b": (lambda: pull("qwen2.5-coder-1.5b-instruct"), None),  # Q4_K_M as stored
+    "qwen1.5b-a8": (lambda: pull("qwen2.5-coder-1.5b-instruct"), "a8"),
+    "qwen0.5b": (lambda: pull("qwen2.5-coder-0.5b-instruct"), None),
     "embedded-target": (lambda: embedded_model_path("target"), None),
     "embedded-draft": (lambda: embedded_model_path("draft"), None),
     "embedded-draft-q8_0": (lambda: embedded_model_path("draft"), "q8_0"),  # lossy: a draft may be

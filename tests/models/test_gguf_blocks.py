@@ -150,3 +150,24 @@ def test_native_packing_gives_torchs_bytes(rows: int, monkeypatch) -> None:
                   native_linear.packed_code_bytes(narrow, True)]  # fmt: skip
     for a, b in zip(native, torch_made, strict=True):
         assert a.shape == b.shape and torch.equal(a, b)
+
+
+@needs_native
+def test_q4_k_super_scales_multiply_out_to_d_and_m() -> None:
+    """A Q4_K tensor's codes carry d's and m's factors as the file stores them, whose float32
+    products are d and m bit for bit; stacking and row permutations keep them in step."""
+    data = random_blocks(GGML.Q4_K, ROWS, COLUMNS, seed=3)
+    codes = block_codes(data, GGML.Q4_K, ROWS, COLUMNS)
+    f = codes.super_scales
+    assert f is not None and f.d16.shape == (ROWS, COLUMNS // 256)
+    for c in (codes, stacked([codes, codes]),
+              gguf_blocks.permuted_rows(codes, torch.randperm(ROWS))):  # fmt: skip
+        f = c.super_scales
+        assert f is not None
+        d = f.d16.float().repeat_interleave(8, 1) * f.sub_d.float()
+        m = f.negmin.float().repeat_interleave(8, 1) * f.sub_m.float()
+        assert torch.equal(d.view(torch.int32), c.d.view(torch.int32))
+        assert torch.equal(m.view(torch.int32), c.m.view(torch.int32))
+    assert gguf_blocks.regrouped(codes, 16).super_scales is None
+    six = block_codes(random_blocks(GGML.Q6_K, ROWS, COLUMNS), GGML.Q6_K, ROWS, COLUMNS)
+    assert stacked([codes, six]).super_scales is None  # q, k as Q4_K with v as Q6_K

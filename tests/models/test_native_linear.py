@@ -623,3 +623,59 @@ def test_an_abi_mismatch_is_refused_loudly(
     result = native_linear._load()
     assert isinstance(result, NativeUnavailable)
     assert "reports ABI" in result.reason and "disagree" in result.reason
+
+
+def q4_k_super_codes(rows: int, supers: int, seed: int) -> native_linear.AffineCodes:
+    """Q4_K-style codes with their SuperScales: d = d16 * sc, m = negmin * mn per 32 columns
+    (sc, mn 6-bit; d16, negmin float16 per 256 columns), q in 0..15."""
+    g = torch.Generator().manual_seed(seed)
+    d16 = (torch.rand(rows, supers, generator=g) * 1e-3 + 1e-4).half()
+    negmin = -(torch.rand(rows, supers, generator=g) * 1e-3).half()
+    negmin[0, 0] = 0.0  # a zero dmin: m is -0.0 * mn = +0 or -0, as gguf's -(dmin * mn)
+    sub_d = torch.randint(0, 64, (rows, supers * 8), generator=g, dtype=torch.uint8)
+    sub_m = torch.randint(0, 64, (rows, supers * 8), generator=g, dtype=torch.uint8)
+    d = d16.float().repeat_interleave(8, 1) * sub_d.float()
+    m = negmin.float().repeat_interleave(8, 1) * sub_m.float()
+    q = torch.randint(0, 16, (rows, supers * 256), generator=g, dtype=torch.int8)
+    factors = native_linear.SuperScales(d16, negmin, sub_d, sub_m)
+    return native_linear.AffineCodes(q, d, m, super_scales=factors)
+
+
+def test_super_scales_layout_worked_example() -> None:
+    """Kind 12's scales [N'/16, K/256, 320]: d16 and negmin of the block's 16 rows, then each
+    chunk's sub_d and sub_m of the 16 rows (0.578 bytes a weight with the codes)."""
+    codes = q4_k_super_codes(37, 2, 3)
+    packed, scales = native_linear.pack_codes(codes)
+    assert native_linear.kind_of(packed, scales) == 12
+    assert scales.shape == (3, 2, 320) and scales.dtype == torch.uint8
+    f = codes.super_scales
+    assert f is not None
+    assert scales[1, 1, 2:4].view(torch.float16) == f.d16[17, 1]  # block 1, row 1
+    assert scales[1, 1, 34:36].view(torch.float16) == f.negmin[17, 1]
+    assert scales[1, 1, 64 + 32 + 1] == f.sub_d[17, 9]  # columns 288 .. 319: chunk 9
+    assert scales[1, 1, 64 + 48 + 1] == f.sub_m[17, 9]
+    assert scales[2, :, 64 + 5].tolist() == [0, 0]  # row 37: padding
+    assert (packed.numel() + scales.numel()) / (48 * 512) == 0.578125  # bytes a weight
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [37, 64, 200])
+def test_super_scales_give_the_float32_scales_products(out: int) -> None:
+    """Kinds 12 and 13 widen their stored factors into kind 7's and 10's float32 d and m, so
+    they give those kinds' products bit for bit, on every kernel and row count."""
+    codes = q4_k_super_codes(out, 2, out)
+    plain = native_linear.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
+    for packer, kinds in ((native_linear.pack_codes, (12, 7)),
+                        (native_linear.pack_codes_a8, (13, 10))):  # fmt: skip
+        stored, stored_scales = packer(codes)
+        wide, wide_scales = packer(plain)
+        assert (native_linear.kind_of(stored, stored_scales),
+                native_linear.kind_of(wide, wide_scales)) == kinds  # fmt: skip
+        assert torch.equal(stored, wide)
+        x = torch.randn(40, 512, generator=torch.Generator().manual_seed(out))
+        bias = torch.randn(out)
+        for kernel in kernels():
+            for rows in ROW_COUNTS:
+                got = native_linear._product(kernel, x[:rows], stored, bias, out, stored_scales)
+                want = native_linear._product(kernel, x[:rows], wide, bias, out, wide_scales)
+                assert torch.equal(got, want), (kinds, kernel.isa_name, rows)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from verispec.models.native_linear import AffineCodes, NativeKernel, native_kernel
+from verispec.models.native_linear import AffineCodes, NativeKernel, SuperScales, native_kernel
 
 QK = 32
 """Values per block of the legacy types (Q4_0 .. Q8_0) and per sub-block of Q4_K and Q5_K."""
@@ -131,8 +131,23 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
                                                d.ctypes.data, m.ctypes.data,
                                                torch.get_num_threads())  # fmt: skip
         assert done == 0, kind  # every CODED_TYPES member is one of blocks.c's types
-        return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group)
+        factors = _q4_k_factors(kernel, data, rows, columns) if kind == GGML.Q4_K else None
+        return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group,
+                           factors)  # fmt: skip
     return _numpy_block_codes(data, kind, rows, columns, codes, d, m, per_block, group)
+
+
+def _q4_k_factors(kernel: NativeKernel, data: np.ndarray, rows: int, columns: int) -> SuperScales:
+    """The SuperScales of a Q4_K tensor's blocks (data [rows, bytes a row], contiguous)."""
+    supers = columns // QK_K
+    d16 = torch.empty(rows, supers, dtype=torch.float16)
+    negmin = torch.empty_like(d16)
+    sub_d = torch.empty(rows, supers * 8, dtype=torch.uint8)
+    sub_m = torch.empty_like(sub_d)
+    kernel.lib.verispec_q4_k_super(data.ctypes.data, rows * supers, d16.data_ptr(),
+                                   negmin.data_ptr(), sub_d.data_ptr(), sub_m.data_ptr(),
+                                   torch.get_num_threads())  # fmt: skip
+    return SuperScales(d16, negmin, sub_d, sub_m)
 
 
 def _numpy_block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int, codes: np.ndarray,
@@ -166,7 +181,8 @@ def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
 
 
 def regrouped(codes: AffineCodes, group: int) -> AffineCodes:
-    """The same codes with d and m given per `group` columns (a divisor of codes.group)."""
+    """The same codes with d and m given per `group` columns (a divisor of codes.group); their
+    SuperScales, which are per 32 columns, are left out."""
     if group == codes.group:
         return codes
     assert codes.group % group == 0, (codes.group, group)
@@ -182,11 +198,14 @@ def stacked(parts: Sequence[AffineCodes | torch.Tensor]) -> AffineCodes | torch.
         codes = [p for p in parts if isinstance(p, AffineCodes)]
         group = min(p.group for p in codes)
         same = [regrouped(p, group) for p in codes]
+        factors = [p.super_scales for p in same if p.super_scales is not None]
+        whole = SuperScales.cat(factors) if len(factors) == len(same) else None
         return AffineCodes(torch.cat([p.codes for p in same]), torch.cat([p.d for p in same]),
-                           torch.cat([p.m for p in same]), group)  # fmt: skip
+                           torch.cat([p.m for p in same]), group, whole)  # fmt: skip
     return torch.cat([dequantize_codes(p) if isinstance(p, AffineCodes) else p for p in parts])
 
 
 def permuted_rows(codes: AffineCodes, order: torch.Tensor) -> AffineCodes:
     """Rows of codes in `order` (a permutation), e.g. llama.cpp's rotary q/k order undone."""
-    return AffineCodes(codes.codes[order], codes.d[order], codes.m[order], codes.group)
+    factors = None if codes.super_scales is None else codes.super_scales.rows(order)
+    return AffineCodes(codes.codes[order], codes.d[order], codes.m[order], codes.group, factors)

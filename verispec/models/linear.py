@@ -257,8 +257,10 @@ def pack_codes_by_rows(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
 
     def piece(start: int) -> tuple[torch.Tensor, torch.Tensor]:
         part = slice(start, start + PACK_ROWS)
+        factors = None if codes.super_scales is None else codes.super_scales.rows(part)
         return native_linear.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
-                                                    codes.m[part], codes.group))  # fmt: skip
+                                                    codes.m[part], codes.group,
+                                                    factors))  # fmt: skip
 
     first_w, first_s = piece(0)
     blocks = -(-rows // native_linear.ROWS)
@@ -288,10 +290,12 @@ WEIGHT_FORMATS = {
     WeightFormat.Q8_F32_D_HALVES: "8-bit codes, d per 16 columns (Q6_K)",
     WeightFormat.Q4_F32_A8: "4-bit codes, float32 d and m, times 8-bit inputs (Q4_K, a8)",
     WeightFormat.Q8_F32_A8: "8-bit codes, float32 d and m, times 8-bit inputs (Q5_K, a8)",
+    WeightFormat.Q4_SUPER_DM: "4-bit codes, d and m as stored (Q4_K)",
+    WeightFormat.Q4_SUPER_A8: "4-bit codes, d and m as stored, times 8-bit inputs (Q4_K, a8)",
 }
 """What each of the native kernel's weight formats holds, for the settings users see."""
 A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
-              WeightFormat.Q8_F32_A8)
+              WeightFormat.Q8_F32_A8, WeightFormat.Q4_SUPER_A8)
 
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
@@ -339,7 +343,8 @@ def pack_together(linears: Sequence[Linear]) -> None:
             lin.weight = _MOVING
         for lin, weight in zip(some, native_linear.into_arena(weights), strict=True):
             lin.weight = weight
-    for dtype in (torch.float32, torch.float16):  # d and m: float32, or float16 under a8
+    for dtype in (torch.float32, torch.float16, torch.uint8):  # d and m: float32, float16 or
+        # (kinds 12 and 13) their factors as a Q4_K file stores them
         coded = [lin for lin in native
                  if lin.native_scales is not None and lin.native_scales.dtype == dtype]  # fmt: skip
         scales = [cast(torch.Tensor, lin.native_scales) for lin in coded]

@@ -73,6 +73,8 @@ class WeightFormat(IntEnum):
     Q8_F32_D_HALVES = 9
     Q4_F32_A8 = 10
     Q8_F32_A8 = 11
+    Q4_SUPER_DM = 12
+    Q4_SUPER_A8 = 13
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,8 @@ def _load() -> NativeKernel | NativeUnavailable:
     lib.verispec_block_codes.restype = ctypes.c_int
     lib.verispec_pack_codes.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
     lib.verispec_pack_codes.restype = None
+    lib.verispec_q4_k_super.argtypes = [pointer, size, *[pointer] * 4, ctypes.c_int]
+    lib.verispec_q4_k_super.restype = None
     _declare_layer_functions(lib)
     return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
 
@@ -284,6 +288,35 @@ CODE_COLUMNS = 32
 """Columns per (d, m) pair of affine codes: a GGUF quantization block."""
 
 
+SUPER_COLUMNS = 256
+"""Columns per super-block of GGUF's K-quants: one float16 d16 and dmin per row for each."""
+
+
+@dataclass(frozen=True)
+class SuperScales:
+    """The factors of Q4_K codes' d and m as the file stores them: d = d16 * sub_d and m =
+    negmin * sub_m, each product exact in float32 (an 11-bit significand times a 6-bit
+    integer), so the kernel rebuilds AffineCodes.d and .m bit for bit from 0.078 bytes a weight
+    instead of 0.25. d16, negmin [N, K/256] float16 (negmin = -dmin); sub_d, sub_m [N, K/32]
+    uint8 (6-bit sc and mn)."""
+
+    d16: torch.Tensor
+    negmin: torch.Tensor
+    sub_d: torch.Tensor
+    sub_m: torch.Tensor
+
+    def rows(self, index: slice | torch.Tensor) -> SuperScales:
+        """The same rows of every factor (a slice or a permutation)."""
+        return SuperScales(self.d16[index], self.negmin[index], self.sub_d[index],
+                           self.sub_m[index])  # fmt: skip
+
+    @staticmethod
+    def cat(parts: Sequence[SuperScales]) -> SuperScales:
+        """Parts stacked row-wise (gate and up into one weight)."""
+        return SuperScales(*(torch.cat([getattr(p, f) for p in parts])
+                             for f in ("d16", "negmin", "sub_d", "sub_m")))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AffineCodes:
     """W [N, K] as w = d * q + m per row and 32-column chunk (or 16-column half of one, see
@@ -295,6 +328,8 @@ class AffineCodes:
     m: torch.Tensor
     group: int = 32
     """Columns per (d, m): 32, or 16 (GGUF Q6_K's sub-blocks); d and m are [N, K'/group]."""
+    super_scales: SuperScales | None = None
+    """d's and m's factors as a GGUF Q4_K file stores them, when the codes came from one."""
 
     @property
     def four_bit(self) -> bool:
@@ -377,7 +412,9 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
       32 c + l (low 4 bits) and 32 c + 16 + l (high 4 bits), so that a 32-bit lane l holds
       column l of four rows; with float16 d and m where every d and m is a float16 value (Q4_1),
       linear.c's kind 4 (0.625 bytes a weight; its decode rows look weights up in a table of
-      16), else float32 d and m (Q4_K), kind 7 (0.75 bytes a weight);
+      16); else, for Q4_K codes that carry their SuperScales, those as stored
+      (`_super_scale_bytes`), kind 12 (0.578 bytes a weight); else float32 d and m, kind 7
+      (0.75 bytes a weight);
     - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
       [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
     - else float32 d and m, kind 2;
@@ -389,6 +426,7 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
     (row 5 = 4 * 1 + 1)."""
     four_bit = codes.group == CODE_COLUMNS and codes.four_bit
+    k = codes.codes.shape[1]
     packed, scales = _codes_and_scales(codes, nibbles=four_bit)
     if codes.group != CODE_COLUMNS:
         if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0: kind 9
@@ -396,13 +434,39 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
         return packed, scales
     half = scales.half()
     float16 = torch.equal(half.float(), scales)
+    if four_bit and float16:
+        return packed, half
+    if four_bit and codes.super_scales is not None and k % SUPER_COLUMNS == 0:
+        return packed, _super_scale_bytes(codes.super_scales, packed.shape[0])
     if four_bit:
-        return packed, half if float16 else scales
+        return packed, scales
     if not float16:
         return packed, scales
     if not bool(scales[:, :, 1].any()):
         return packed, half[:, :, :1].contiguous()
     return packed, scales
+
+
+def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
+    """SuperScales -> linear.c's kinds 12 and 13 scales, uint8 [N'/16, K/256, 320]: for each
+    block of 16 rows and 256 columns, d16 of the 16 rows (float16 bytes), their negmin, then
+    for each of its 8 chunks sub_d of the 16 rows and their sub_m (rows past N zero).
+    Example: row 17's sub_d of columns 288 .. 319 (block 1, row 1; 256 columns 1, chunk 1) is
+    byte [1, 1, 64 + 32 * 1 + 1]; its sub_m the byte after the 16 rows', [1, 1, 64 + 48 + 1]."""
+    rows = blocks * ROWS
+    n, supers = factors.d16.shape
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((rows, t.shape[1]), dtype=t.dtype)
+        out[:n] = t
+        return out
+
+    whole = [padded(t).view(blocks, ROWS, supers).transpose(1, 2).contiguous().view(torch.uint8)
+             for t in (factors.d16, factors.negmin)]  # fmt: skip  # [B, S, 32] each
+    subs = torch.stack([padded(t).view(blocks, ROWS, supers, 8).permute(0, 2, 3, 1)
+                        for t in (factors.sub_d, factors.sub_m)], dim=3)  # fmt: skip
+    # subs [B, S, 8 chunks, 2 (d, m), 16 rows]
+    return torch.cat([*whole, subs.reshape(blocks, supers, 8 * 2 * ROWS)], dim=2).contiguous()
 
 
 def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
@@ -469,7 +533,8 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
     Where some d or m is no float16 value (GGUF Q4_K, Q5_K: products of a float16 and a 6-bit
     scale) the scales stay float32, kinds 10 (4-bit codes, 0.75 bytes a weight) and 11 (8-bit,
-    1.25): the same operations on the same values as kinds 6 and 3.
+    1.25): the same operations on the same values as kinds 6 and 3; Q4_K codes that carry their
+    SuperScales keep them as stored, kind 13 (0.578 bytes a weight, kind 10's products).
     Raises ValueError for codes whose d and m change every 16 columns (GGUF Q6_K): the a8
     kinds store one d and m per 32 columns."""
     if codes.group != CODE_COLUMNS:
@@ -479,6 +544,9 @@ def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     half = scales.half()
     if not torch.equal(half.float(), scales):
         half = scales  # K-quants: float32 d and m, kinds 10 and 11
+        if (codes.super_scales is not None and codes.four_bit
+                and codes.codes.shape[1] % SUPER_COLUMNS == 0):  # fmt: skip
+            half = _super_scale_bytes(codes.super_scales, packed.shape[0])  # kind 13
     blocks, chunks = packed.shape[:2]
     nibbles = codes.four_bit
     unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
@@ -545,11 +613,15 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
     f = WeightFormat
     if scales is not None:
         if packed.dtype == torch.uint8:
+            if scales.dtype == torch.uint8:
+                return f.Q4_SUPER_A8
             if scales.dtype == torch.float32:
                 return f.Q8_F32_A8 if packed.shape[2] == 8 else f.Q4_F32_A8
             return f.Q8_A8 if packed.shape[2] == 8 else f.Q4_A8
         if scales.dim() == 5:
             return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES
+        if scales.dtype == torch.uint8:
+            return f.Q4_SUPER_DM
         if packed.dim() == 5:
             return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
         return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM

@@ -11,6 +11,10 @@
  * padded with zero rows to a multiple of 16: a byte each, out[b][c][j][l] = q[16 b + j][32 c +
  * l]; or, codes in 0..15, two a byte, out[b][c][v][l][r] = q[16 b + 4 v + r][32 c + l] |
  * q[16 b + 4 v + r][32 c + 16 + l] << 4 (linear.c's kinds 4 and 7).
+ *
+ * verispec_q4_k_super: n Q4_K super-blocks -> the factors of their d and m as the file stores
+ * them (linear.c's kinds 12 and 13): d16 and -dmin (float16 bits) per super-block, the 6-bit
+ * sc and mn of its 8 groups (d = d16 sc, m = -dmin mn: verispec_block_codes' d and m).
  */
 #include <stdint.h>
 #include <string.h>
@@ -158,5 +162,19 @@ void verispec_pack_codes(const int8_t *q, int64_t N, int64_t K, int nibbles, int
         for (int l = 0; l < 16; l++)
           dst[4 * l] = src ? (int8_t)((src[l] & 0x0F) | (src[l + 16] & 0x0F) << 4) : 0;
       }
+  }
+}
+
+void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16_t *negmin,
+                         uint8_t *sc, uint8_t *mn, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *b = blocks + i * 144, *s = b + 4;
+    d16[i] = (uint16_t)(b[0] | b[1] << 8);
+    negmin[i] = (uint16_t)((b[2] | b[3] << 8) ^ 0x8000); /* -dmin, exactly */
+    for (int j = 0; j < 8; j++) {
+      sc[8 * i + j] = (uint8_t)(j < 4 ? s[j] & 0x3F : (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30));
+      mn[8 * i + j] = (uint8_t)(j < 4 ? s[j + 4] & 0x3F : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30));
+    }
   }
 }

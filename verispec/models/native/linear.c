@@ -231,8 +231,9 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 #define QC 32 /* columns per chunk */
 #define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
-#define MODE_NIB(mode) ((mode) == 1 || (mode) == 3) /* two codes in 0..15 a byte */
-#define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2) /* float16 scales, converted once a block */
+#define MODE_NIB(mode) ((mode) == 1 || (mode) == 3 || (mode) == 6) /* two codes a byte */
+/* scales stored otherwise than as float32 d and m, converted once a block */
+#define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2 || (mode) == 6)
 /* The tiles' scale layout (g16): 0 = d and m each 32 columns, [C][2][16]; 1 = kind 8's d and m
  * each 16 columns, [C][4][16]; 2 = kind 9's d alone each 16 columns, [C][2][16], m = 0. */
 #define MODE_G16(mode) ((mode) == 4 ? 1 : (mode) == 5 ? 2 : 0)
@@ -370,12 +371,38 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
                  NIB, g16)
 
+/* GGUF Q4_K's scales as the file stores them (kinds 12 and 13): d = d16 sc and m = -dmin mn,
+ * d16 and dmin float16 values per 256 columns, sc and mn 6-bit integers per 32. A block's
+ * scales are, for each 256 columns s, SUPER_BYTES bytes: d16 of its 16 rows (float16), then
+ * -dmin (float16, negated exactly), then for each of its 8 chunks sc of the 16 rows and mn of
+ * the 16 rows (uint8). 40 bytes a chunk instead of 128: 0.578 bytes a weight instead of 0.75.
+ * Each product d16 sc is exact in float32 (11 + 6 significant bits), and (-dmin) mn is
+ * -(dmin mn) exactly, so the widened d and m are kind 7's float32 values bit for bit. */
+#define SUPER_CHUNKS 8
+#define SUPER_BYTES (4 * R + SUPER_CHUNKS * 2 * R)
+
+/* A block's super scales (in, C chunks) as float32 d and m (out [C][2][16], kind 7's). */
+AVX2 INLINE void widen_super(const uint8_t *in, float *out, int64_t C) {
+  for (int64_t c = 0; c < C; c++) {
+    const uint8_t *s = in + (c / SUPER_CHUNKS) * SUPER_BYTES;
+    const uint8_t *sub = s + 4 * R + (c % SUPER_CHUNKS) * 2 * R;
+    for (int h = 0; h < 2; h++) /* d, then m */
+      for (int i = 0; i < R; i += 8) {
+        const __m256 whole = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * (h * R + i))));
+        const __m256 part = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            (const __m128i *)(sub + h * R + i))));
+        _mm256_storeu_ps(out + 2 * R * c + h * R + i, _mm256_mul_ps(whole, part));
+      }
+  }
+}
+
 /* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
  * and m (mode 1), kind 5's float16 d (mode 2), kind 7's float32 d and m (mode 3, as kind 2),
  * kind 8's float32 d and m for each 16 columns (mode 4), kind 9's float32 d for each 16
- * columns (mode 5). */
+ * columns (mode 5), kind 12's super scales (mode 6: SUPER_BYTES for 8 chunks). */
 INLINE int64_t chunk_scale_bytes(const int mode) {
-  static const int64_t bytes[6] = {2 * R * 4, 2 * R * 2, R * 2, 2 * R * 4, 4 * R * 4, 2 * R * 4};
+  static const int64_t bytes[7] = {2 * R * 4, 2 * R * 2, R * 2,    2 * R * 4,
+                                   4 * R * 4, 2 * R * 4, SUPER_BYTES / SUPER_CHUNKS};
   return bytes[mode];
 }
 
@@ -407,7 +434,8 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
   const char *sb = (const char *)scales + b * C * line;
   const float *sf = (const float *)sb;
   if (MODE_WIDEN(mode)) { /* stored scales to float32 d and m once a block */
-    widen_scales((const uint16_t *)sb, converted, C, mode);
+    if (mode == 6) widen_super((const uint8_t *)sb, converted, C);
+    else widen_scales((const uint16_t *)sb, converted, C, mode);
     sf = converted;
   }
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
@@ -516,7 +544,8 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
   const int8_t *cb = codes + b * (nib ? R * K / 2 : R * K);
   const char *stored = (const char *)scales + b * C * line;
   const float *sb = MODE_WIDEN(mode) ? converted : (const float *)stored;
-  if (MODE_WIDEN(mode)) /* stored scales to float32 d and m once a block */
+  if (mode == 6) widen_super((const uint8_t *)stored, converted, C);
+  else if (MODE_WIDEN(mode)) /* stored scales to float32 d and m once a block */
     widen_scales((const uint16_t *)stored, converted, C, mode);
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   for (int g = 0; g < R; g += 4)
@@ -627,7 +656,7 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
   }
 }
 
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,f16c,fma")))
 
 VNNI INLINE __m512 half16(const H16 *h) { /* 16 float16 values, exactly as float32 */
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
@@ -717,24 +746,39 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char
 /* An OpenMP loop over blocks or pairs, compiled for each of kinds 3, 6 (nib), 11 (f32) and 10
  * (both): the loop's body becomes a function of its own, in which nib and f32 must be constants
  * (see Q8_ENTRY). */
-#define A8_ENTRY(NAME, BODY, NIB, F32, BLOCKS)                                                \
+#define A8_ENTRY(NAME, BODY, NIB, F32, SUP, BLOCKS)                                           \
   VNNI static void NAME(const RoundedRows r, const uint8_t *codes, const char *scales,        \
                         const float *bias, float *y, int64_t T, int64_t N, int64_t K,         \
                         int64_t ldy, int threads) {                                           \
     const int64_t n = (N + BLOCKS * R - 1) / (BLOCKS * R);                                    \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
-    for (int64_t b = 0; b < n; b++)                                                           \
-      BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB, F32);                             \
+    _Pragma("omp parallel num_threads(threads)") {                                           \
+      float *converted = SUP ? malloc(sizeof(float) * BLOCKS * 2 * R * (K / QC)) : NULL;     \
+      _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n; b++)                    \
+        BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB, F32, SUP, converted);           \
+      free(converted);                                                                        \
+    }                                                                                         \
   }
 
-/* Block b of an a8 product (nib: kinds 6 and 10; f32: float32 d and m, kinds 10 and 11). */
+/* Bytes of a block's scales as an a8 product finds them: float16 or float32 d and m, or (sup,
+ * kind 13) super scales, which it widens into converted before the tiles read kind 10's. */
+INLINE int64_t a8_scale_bytes(int64_t K, const int f32, const int sup) {
+  return sup ? (K / QC) * (SUPER_BYTES / SUPER_CHUNKS) : 2 * R * (K / QC) * A8_SCALE_BYTES(f32);
+}
+
+/* Block b of an a8 product (nib: kinds 6, 10 and 13; f32: float32 d and m, kinds 10 and 11;
+ * sup: kind 13, super scales widened into converted, then kind 10's operations). */
 VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char *scales,
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                          int64_t ldy, int64_t b, const int nib, const int f32) {
+                          int64_t ldy, int64_t b, const int nib, const int f32, const int sup,
+                          float *converted) {
   const int64_t blocks = (N + R - 1) / R, block_bytes = nib ? R * K / 2 : R * K;
-  const int64_t scale_bytes = 2 * R * (K / QC) * A8_SCALE_BYTES(f32); /* a block's d and m */
+  const int64_t scale_bytes = a8_scale_bytes(K, f32, sup); /* a block's, as stored */
   const uint8_t *cb = codes + b * block_bytes;
-  const char *sb = scales + b * scale_bytes;
+  const char *stored = scales + b * scale_bytes, *sb = stored;
+  if (sup) {
+    widen_super((const uint8_t *)stored, converted, K / QC);
+    sb = (const char *)converted;
+  }
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   /* Tiles of 8 rows, then at most one of 4 and one of 1-3 (a 5-row tile ran slower than
    * 4 + 1): 8 rows stream a block once. The first tile asks for the next block
@@ -742,7 +786,7 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char 
    * from 5 rows up the products take about as long as the stream, and without the
    * prefetch an 8-row product over SmolLM2's layers ran 12% longer. */
   const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
-  const char *next_scales = sb + scale_bytes;
+  const char *next_scales = stored + scale_bytes;
   int64_t t = 0;
   for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
   if (t + 4 <= T) {
@@ -816,13 +860,19 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char
  * faster; at 2 rows the prefetches cost about what they save). */
 VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *scales,
                          const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                         int64_t ldy, int64_t p, const int nib, const int f32) {
+                         int64_t ldy, int64_t p, const int nib, const int f32, const int sup,
+                         float *converted) {
   const int64_t pairs = N / (2 * R), C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
-  const int64_t scale_bytes = 2 * R * C * A8_SCALE_BYTES(f32); /* a block's d and m */
+  const int64_t scale_bytes = a8_scale_bytes(K, f32, sup); /* a block's, as stored */
   const uint8_t *cb = codes + 2 * p * block_bytes;
-  const char *sb = scales + 2 * p * scale_bytes;
+  const char *stored = scales + 2 * p * scale_bytes, *sb = stored;
+  if (sup) { /* both blocks' d and m, one after the other as tile_a8_pair reads them */
+    widen_super((const uint8_t *)stored, converted, C);
+    widen_super((const uint8_t *)(stored + scale_bytes), converted + 2 * R * C, C);
+    sb = (const char *)converted;
+  }
   const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * block_bytes : NULL;
-  const char *ns = sb + 2 * scale_bytes;
+  const char *ns = stored + 2 * scale_bytes;
   const int64_t n0 = 2 * p * R;
   switch (T) {
     case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib, f32); break;
@@ -832,22 +882,25 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
   }
 }
 
-/* [nib][f32]: kinds 3, 11 (8-bit codes), 6, 10 (4-bit codes) */
-A8_ENTRY(a8_blocks_bytes, a8_block, 0, 0, 1)
-A8_ENTRY(a8_blocks_bytes_f32, a8_block, 0, 1, 1)
-A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 0, 1)
-A8_ENTRY(a8_blocks_nibbles_f32, a8_block, 1, 1, 1)
-A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 0, 2)
-A8_ENTRY(a8_pairs_bytes_f32, a8_pair, 0, 1, 2)
-A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 0, 2)
-A8_ENTRY(a8_pairs_nibbles_f32, a8_pair, 1, 1, 2)
+/* [kind]: 3, 11 (8-bit codes), 6, 10, 13 (4-bit codes) */
+A8_ENTRY(a8_blocks_bytes, a8_block, 0, 0, 0, 1)
+A8_ENTRY(a8_blocks_bytes_f32, a8_block, 0, 1, 0, 1)
+A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 0, 0, 1)
+A8_ENTRY(a8_blocks_nibbles_f32, a8_block, 1, 1, 0, 1)
+A8_ENTRY(a8_blocks_nibbles_super, a8_block, 1, 1, 1, 1)
+A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 0, 0, 2)
+A8_ENTRY(a8_pairs_bytes_f32, a8_pair, 0, 1, 0, 2)
+A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 0, 0, 2)
+A8_ENTRY(a8_pairs_nibbles_f32, a8_pair, 1, 1, 0, 2)
+A8_ENTRY(a8_pairs_nibbles_super, a8_pair, 1, 1, 1, 2)
 
 typedef void (*A8Entry)(const RoundedRows, const uint8_t *, const char *, const float *, float *,
                         int64_t, int64_t, int64_t, int64_t, int);
-static const A8Entry A8_BLOCKS[2][2] = {{a8_blocks_bytes, a8_blocks_bytes_f32},
-                                        {a8_blocks_nibbles, a8_blocks_nibbles_f32}};
-static const A8Entry A8_PAIRS[2][2] = {{a8_pairs_bytes, a8_pairs_bytes_f32},
-                                       {a8_pairs_nibbles, a8_pairs_nibbles_f32}};
+/* Index: 2 nib + f32 (kinds 3, 11, 6, 10), 4 for kind 13. */
+static const A8Entry A8_BLOCKS[5] = {a8_blocks_bytes, a8_blocks_bytes_f32, a8_blocks_nibbles,
+                                     a8_blocks_nibbles_f32, a8_blocks_nibbles_super};
+static const A8Entry A8_PAIRS[5] = {a8_pairs_bytes, a8_pairs_bytes_f32, a8_pairs_nibbles,
+                                    a8_pairs_nibbles_f32, a8_pairs_nibbles_super};
 
 /* Element i of an a8 weight's d or m as float32 (the portable loop's scales16). */
 AVX2 INLINE float scale_at(const char *s, int64_t i, const int f32) {
@@ -859,12 +912,17 @@ AVX2 INLINE float scale_at(const char *s, int64_t i, const int f32) {
 AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
                                     const char *scales, const float *bias, float *y, int64_t T,
                                     int64_t N, int64_t K, int64_t ldy, int threads,
-                                    const int nib, const int f32) {
+                                    const int nib, const int f32, const int sup) {
   const int64_t blocks = (N + R - 1) / R, C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t *cb = codes + b * C * chunk_bytes;
-    const char *sb = scales + b * 2 * R * C * A8_SCALE_BYTES(f32);
+    const char *sb = scales + b * a8_scale_bytes(K, f32, sup);
+    float *converted = sup ? malloc(sizeof(float) * 2 * R * C) : NULL;
+    if (sup) {
+      widen_super((const uint8_t *)sb, converted, C);
+      sb = (const char *)converted;
+    }
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     for (int64_t t = 0; t < T; t++) {
       float acc[R] = {0};
@@ -886,6 +944,7 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
       }
       for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
     }
+    free(converted);
   }
 }
 
@@ -908,19 +967,20 @@ int verispec_linear_vnni(void) { return has_vnni(); }
  * the portable loop. */
 static void linear_a8(int isa, const float *x, const uint8_t *codes, const char *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                      int threads, const int nib, const int f32) {
+                      int threads, const int nib, const int f32, const int sup) {
   const int64_t C = K / QC;
   /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr [C][T], then q [C][T][32]. */
   float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
   const RoundedRows r = {(int8_t *)(f + 3 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C),
                          T, C};
   round_rows(isa, x, T, K, r, threads);
+  const int entry = sup ? 4 : 2 * nib + f32;
   if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
-    A8_PAIRS[nib][f32](r, codes, scales, bias, y, T, N, K, ldy, threads);
+    A8_PAIRS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
   else if (isa == 2 && has_vnni())
-    A8_BLOCKS[nib][f32](r, codes, scales, bias, y, T, N, K, ldy, threads);
+    A8_BLOCKS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
-    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib, f32);
+    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib, f32 || sup, sup);
   free(f);
 }
 
@@ -980,15 +1040,18 @@ Q8_ENTRY(AVX512, q8_avx512_d32g16, block_q8_avx512, 5, UNPACK_ROWS)
 Q8_ENTRY(AVX2, q8_avx2_n32, block_q8_avx2, 3, 0)
 Q8_ENTRY(AVX2, q8_avx2_g16, block_q8_avx2, 4, 0)
 Q8_ENTRY(AVX2, q8_avx2_d32g16, block_q8_avx2, 5, 0)
+Q8_ENTRY(AVX512, q8_avx512_super, block_q8_avx512, 6, UNPACK_ROWS)
+Q8_ENTRY(AVX2, q8_avx2_super, block_q8_avx2, 6, 0)
 
 static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
-  static void (*const entries[2][6])(const float *, const int8_t *, const void *, const float *,
+  static void (*const entries[2][7])(const float *, const int8_t *, const void *, const float *,
                                      float *, int64_t, int64_t, int64_t, int64_t, int) = {
-      {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16, q8_avx2_n32, q8_avx2_g16, q8_avx2_d32g16},
+      {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16, q8_avx2_n32, q8_avx2_g16, q8_avx2_d32g16,
+       q8_avx2_super},
       {q8_avx512_f32, q8_avx512_f16, q8_avx512_d16, q8_avx512_n32, q8_avx512_g16,
-       q8_avx512_d32g16}};
+       q8_avx512_d32g16, q8_avx512_super}};
   entries[isa == 2][mode](x, codes, scales, bias, y, T, N, K, ldy, threads);
 }
 
@@ -1002,8 +1065,23 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K; kind 2's products),
  * 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 = kind 8 with
  * m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind 6's
- * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products). */
+ * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
+ * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with
+ * them (kind 10's products). */
 int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
+
+/* linear_q8's scale mode of a weight format of codes times float inputs. */
+static int q8_mode(int format) {
+  switch (format) {
+    case VERISPEC_Q4_F16_DM: return 1;
+    case VERISPEC_Q8_F16_D: return 2;
+    case VERISPEC_Q4_F32_DM: return 3;
+    case VERISPEC_Q8_F32_DM_HALVES: return 4;
+    case VERISPEC_Q8_F32_D_HALVES: return 5;
+    case VERISPEC_Q4_SUPER_DM: return 6;
+    default: return 0; /* VERISPEC_Q8_F32_DM */
+  }
+}
 
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
@@ -1014,18 +1092,21 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     case VERISPEC_Q4_A8:
     case VERISPEC_Q4_F32_A8:
     case VERISPEC_Q8_F32_A8:
+    case VERISPEC_Q4_SUPER_A8:
       linear_a8(isa, x + t * K, w, (const char *)scales, bias, y + t * N, n, N, K, N, threads,
-                format == VERISPEC_Q4_A8 || format == VERISPEC_Q4_F32_A8,
-                format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8);
+                format != VERISPEC_Q8_A8 && format != VERISPEC_Q8_F32_A8,
+                format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8,
+                format == VERISPEC_Q4_SUPER_A8);
       break;
     case VERISPEC_Q8_F32_DM:
     case VERISPEC_Q4_F16_DM:
     case VERISPEC_Q8_F16_D:
     case VERISPEC_Q4_F32_DM:
     case VERISPEC_Q8_F32_DM_HALVES:
-    case VERISPEC_Q8_F32_D_HALVES: /* linear_q8's scale mode: 0 for format 2, then 1, 2, 3 .. */
-      linear_q8(isa, format == VERISPEC_Q8_F32_DM ? 0 : format < 7 ? format - 3 : format - 4,
-                x + t * K, w, scales, bias, y + t * N, n, N, K, N, threads);
+    case VERISPEC_Q8_F32_D_HALVES:
+    case VERISPEC_Q4_SUPER_DM:
+      linear_q8(isa, q8_mode(format), x + t * K, w, scales, bias, y + t * N, n, N, K, N,
+                threads);
       break;
     case VERISPEC_F16:
       linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);

@@ -24,6 +24,8 @@ enum verispec_weight_format {
   VERISPEC_Q8_F32_D_HALVES = 9,   /* 8-bit codes, float32 d per 16 columns, m = 0 (Q6_K) */
   VERISPEC_Q4_F32_A8 = 10,        /* 4-bit codes times 8-bit inputs, float32 d and m (Q4_K, a8) */
   VERISPEC_Q8_F32_A8 = 11,        /* 8-bit codes times 8-bit inputs, float32 d and m (Q5_K, a8) */
+  VERISPEC_Q4_SUPER_DM = 12,      /* 4-bit codes, Q4_K's d and m as stored: float16 x 6-bit */
+  VERISPEC_Q4_SUPER_A8 = 13,      /* the same times 8-bit inputs (Q4_K, a8) */
 };
 
 /* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
@@ -51,5 +53,7 @@ int verispec_block_codes(int type, const uint8_t *blocks, int64_t n, int8_t *q, 
                          float *m, int threads);
 void verispec_pack_codes(const int8_t *q, int64_t N, int64_t K, int nibbles, int8_t *out,
                          int threads);
+void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16_t *negmin,
+                         uint8_t *sc, uint8_t *mn, int threads);
 
 #endif
