@@ -72,6 +72,14 @@ static void legacy_block(int type, const uint8_t *b, int8_t *q, float *d, float 
   }
 }
 
+/* Group j's 6-bit scale and min of a Q4_K / Q5_K super-block's 12 bytes s (ggml's
+ * get_scale_min_k4: groups 0-3 in the low 6 bits of bytes 0-3 / 4-7, groups 4-7 from bytes
+ * 8-11's nibbles and the top 2 bits of bytes 0-7). */
+static void scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+  *sc = j < 4 ? s[j] & 0x3F : (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+  *mn = j < 4 ? s[j + 4] & 0x3F : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+}
+
 /* One super-block of 256 values (Q4_K, Q5_K: 8 groups of 32; Q6_K: 16 groups of 16). */
 static void k_block(int type, const uint8_t *b, int8_t *q, float *d, float *m) {
   if (type == VERISPEC_GGML_Q6_K) { /* d sc_j (q - 32) */
@@ -92,8 +100,8 @@ static void k_block(int type, const uint8_t *b, int8_t *q, float *d, float *m) {
   const float d16 = half_to_float(b), dmin = half_to_float(b + 2);
   const uint8_t *s = b + 4;
   for (int j = 0; j < 8; j++) {
-    const int sc = j < 4 ? s[j] & 0x3F : (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
-    const int mn = j < 4 ? s[j + 4] & 0x3F : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    int sc, mn;
+    scale_min(s, j, &sc, &mn);
     d[j] = d16 * (float)sc;
     m[j] = -(dmin * (float)mn);
   }
@@ -173,8 +181,9 @@ void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16
     d16[i] = (uint16_t)(b[0] | b[1] << 8);
     negmin[i] = (uint16_t)((b[2] | b[3] << 8) ^ 0x8000); /* -dmin, exactly */
     for (int j = 0; j < 8; j++) {
-      sc[8 * i + j] = (uint8_t)(j < 4 ? s[j] & 0x3F : (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30));
-      mn[8 * i + j] = (uint8_t)(j < 4 ? s[j + 4] & 0x3F : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30));
+      int scale, min;
+      scale_min(s, j, &scale, &min);
+      sc[8 * i + j] = (uint8_t)scale, mn[8 * i + j] = (uint8_t)min;
     }
   }
 }
