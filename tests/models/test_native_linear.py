@@ -679,3 +679,96 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
                 got = native_linear._product(kernel, x[:rows], stored, bias, out, stored_scales)
                 want = native_linear._product(kernel, x[:rows], wide, bias, out, wide_scales)
                 assert torch.equal(got, want), (kinds, kernel.isa_name, rows)
+
+
+def q6_k_super_codes(rows: int, supers: int, seed: int) -> native_linear.AffineCodes:
+    """Q6_K-style codes with their Q6Scales: d = d16 * sc per 16 columns (sc int8, d16 float16
+    per 256 columns, among them a subnormal, a huge one and -0.0), m = +0, q in -32..31."""
+    g = torch.Generator().manual_seed(seed)
+    d16 = ((torch.rand(rows, supers, generator=g) - 0.5) * 1e-2).half()
+    d16[0, 0] = 2**-24  # float16's least subnormal
+    d16[1 % rows, -1] = 60000.0
+    d16[2 % rows, 0] = -0.0  # d = -0.0 * sc: +0 or -0, as blocks.c's d16 * sc
+    sc = torch.randint(-128, 128, (rows, supers * 16), generator=g, dtype=torch.int8)
+    d = d16.float().repeat_interleave(16, 1) * sc.float()
+    q = torch.randint(-32, 32, (rows, supers * 256), generator=g, dtype=torch.int8)
+    factors = native_linear.Q6Scales(d16, sc)
+    return native_linear.AffineCodes(q, d, torch.zeros_like(d), group=16, super_scales=factors)
+
+
+def test_q6_super_layout_worked_example() -> None:
+    """Kind 14: codes u = q + 32 in a plane of low nibbles and one of 2-bit fields [N'/16, K/32,
+    384], scales [N'/16, K/256, 288]: d16 of the block's 16 rows, then sc of its 16 groups of
+    16 columns for the 16 rows (0.8203 bytes a weight, as Q6_K stores it)."""
+    codes = q6_k_super_codes(37, 2, 3)
+    codes.codes[2, 5] = 0x2B - 32  # u = 0x2B: row 2, column 5 of block 0, chunk 0 (p = 69)
+    codes.codes[16 + 9, 32 * 3 + 30] = 31 - 32  # u = 31: row 9 of block 1, column 30 of chunk 3
+    packed, scales = native_linear.pack_codes(codes)
+    assert native_linear.kind_of(packed, scales) == native_linear.WeightFormat.Q6_SUPER_D == 14
+    assert packed.shape == (3, 16, 384) and packed.dtype == torch.int8
+    assert scales.shape == (3, 2, 288) and scales.dtype == torch.uint8
+    b = packed.view(torch.uint8)
+    assert b[0, 0, 5] >> 4 == 0xB and (b[0, 0, 256 + 5] >> 2) & 3 == 2
+    # p = 32 * 9 + 30 = 318: vector k = 4 (low nibbles of bytes 128 ..), field 0 of plane 1
+    assert b[1, 3, 128 + 62] & 15 == 15 and b[1, 3, 256 + 64 + 62] & 3 == 1
+    f = codes.super_scales
+    assert isinstance(f, native_linear.Q6Scales)
+    assert scales[1, 1, 2:4].view(torch.float16) == f.d16[17, 1]  # block 1, row 1
+    assert scales[1, 1, 32 + 16 * 1 + 1].view(torch.int8) == f.sc[17, 17]  # columns 272 .. 287
+    assert scales[2, :, 32 + 5].tolist() == [0, 0]  # row 37 (block 2, row 5): padding, as
+    assert not b[2, :, 96].any()  # are rows 37 and 39's column 0 (p = 160, 224) and 40 .. 47
+    assert not b[2, :, 128:256].any() and not b[2, :, 256 + 64 :].any()
+    assert (packed.numel() + scales.numel()) / (48 * 512) == 0.8203125  # bytes a weight
+    assert 210 / 256 == 0.8203125  # a Q6_K block's bytes a weight
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out", "supers"), [(37, 1), (64, 2), (200, 3), (16, 6)])
+def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
+    """Kind 14 unpacks its codes and widens its factors into kind 9's codes and float32 d, so it
+    gives kind 9's products bit for bit, on every kernel, row count, with and without bias."""
+    codes = q6_k_super_codes(out, supers, out)
+    plain = native_linear.AffineCodes(codes.codes, codes.d, codes.m, group=16)  # no factors
+    stored, stored_scales = native_linear.pack_codes(codes)
+    wide, wide_scales = native_linear.pack_codes(plain)
+    assert (native_linear.kind_of(stored, stored_scales),
+            native_linear.kind_of(wide, wide_scales)) == (14, 9)  # fmt: skip
+    assert_products(stored, stored_scales, wide, wide_scales, materialized(codes), out, exact=True)
+    x = torch.randn(native_linear.CHUNK_ROWS + 3, supers * 256)  # calls split in passes
+    for kernel in kernels():
+        got = native_linear._product(kernel, x, stored, None, out, stored_scales)
+        assert torch.equal(got, native_linear._product(kernel, x, wide, None, out, wide_scales))
+
+
+def test_q6_super_needs_its_factors_and_zero_m() -> None:
+    """Only codes with Q6Scales, m +0 and whole 256-column blocks pack as kind 14; others keep
+    kind 9 or 8, and a8 refuses them (d per 16 columns)."""
+    codes = q6_k_super_codes(20, 1, 1)
+    assert native_linear.q6_packable(codes)
+    with_m = native_linear.AffineCodes(codes.codes, codes.d, codes.m.clone(), 16,
+                                       codes.super_scales)  # fmt: skip
+    with_m.m[3, 4] = -0.0
+    assert not native_linear.q6_packable(with_m)
+    assert native_linear.kind_of(*native_linear.pack_codes(with_m)) == 8
+    f = codes.super_scales
+    assert isinstance(f, native_linear.Q6Scales)
+    short = native_linear.Q6Scales(f.d16, f.sc[:, :8])  # 128 columns: no whole Q6_K block
+    half = native_linear.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
+                                     short)  # fmt: skip
+    assert native_linear.kind_of(*native_linear.pack_codes(half)) == 9
+    assert not native_linear.a8_packable(codes)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 16, 37])
+def test_native_q6_planes_give_torchs_bytes(rows: int, monkeypatch) -> None:
+    """blocks.c's verispec_pack_q6 lays out codes as q6_planes' torch form does, for Q6_K's
+    codes and for any byte (both keep u = q + 32's low 6 bits), rows padded with zero bytes."""
+    g = torch.Generator().manual_seed(rows)
+    six = torch.randint(-32, 32, (rows, 512), generator=g, dtype=torch.int8)
+    every = torch.randint(-128, 128, (rows, 96), generator=g, dtype=torch.int8)
+    native = [native_linear.q6_planes(six), native_linear.q6_planes(every)]
+    monkeypatch.setattr(native_linear, "native_kernel", lambda: native_linear.NativeUnavailable(""))
+    torch_made = [native_linear.q6_planes(six), native_linear.q6_planes(every)]
+    for a, b in zip(native, torch_made, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)

@@ -292,6 +292,7 @@ WEIGHT_FORMATS = {
     WeightFormat.Q8_F32_A8: "8-bit codes, float32 d and m, times 8-bit inputs (Q5_K, a8)",
     WeightFormat.Q4_SUPER_DM: "4-bit codes, d and m as stored (Q4_K)",
     WeightFormat.Q4_SUPER_A8: "4-bit codes, d and m as stored, times 8-bit inputs (Q4_K, a8)",
+    WeightFormat.Q6_SUPER_D: "6-bit codes, d as stored (Q6_K)",
 }
 """What each of the native kernel's weight formats holds, for the settings users see."""
 A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
@@ -344,7 +345,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
         for lin, weight in zip(some, native_linear.into_arena(weights), strict=True):
             lin.weight = weight
     for dtype in (torch.float32, torch.float16, torch.uint8):  # d and m: float32, float16 or
-        # (kinds 12 and 13) their factors as a Q4_K file stores them
+        # (kinds 12, 13 and 14) their factors as a Q4_K or Q6_K file stores them
         coded = [lin for lin in native
                  if lin.native_scales is not None and lin.native_scales.dtype == dtype]  # fmt: skip
         scales = [cast(torch.Tensor, lin.native_scales) for lin in coded]

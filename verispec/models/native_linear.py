@@ -53,7 +53,7 @@ _ISA_NAMES = {1: "avx2", 2: "avx512"}
 log = logging.getLogger("verispec")
 
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -75,6 +75,7 @@ class WeightFormat(IntEnum):
     Q8_F32_A8 = 11
     Q4_SUPER_DM = 12
     Q4_SUPER_A8 = 13
+    Q6_SUPER_D = 14
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,10 @@ def _load() -> NativeKernel | NativeUnavailable:
     lib.verispec_pack_codes.restype = None
     lib.verispec_q4_k_super.argtypes = [pointer, size, *[pointer] * 4, ctypes.c_int]
     lib.verispec_q4_k_super.restype = None
+    lib.verispec_q6_k_super.argtypes = [pointer, size, pointer, pointer, ctypes.c_int]
+    lib.verispec_q6_k_super.restype = None
+    lib.verispec_pack_q6.argtypes = [pointer, size, size, pointer, ctypes.c_int]
+    lib.verispec_pack_q6.restype = None
     _declare_layer_functions(lib)
     return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
 
@@ -318,6 +323,26 @@ class SuperScales:
 
 
 @dataclass(frozen=True)
+class Q6Scales:
+    """The factors of Q6_K codes' d as the file stores them: d = d16 * sc, exact in float32 (an
+    11-bit significand times an 8-bit integer), m = 0, so the kernel rebuilds AffineCodes.d bit
+    for bit from 0.07 bytes a weight instead of 0.25 (kind 14). d16 [N, K/256] float16; sc
+    [N, K/16] int8."""
+
+    d16: torch.Tensor
+    sc: torch.Tensor
+
+    def rows(self, index: slice | torch.Tensor) -> Q6Scales:
+        """The same rows of both factors (a slice or a permutation)."""
+        return Q6Scales(self.d16[index], self.sc[index])
+
+    @staticmethod
+    def cat(parts: Sequence[Q6Scales]) -> Q6Scales:
+        """Parts stacked row-wise."""
+        return Q6Scales(torch.cat([p.d16 for p in parts]), torch.cat([p.sc for p in parts]))
+
+
+@dataclass(frozen=True)
 class AffineCodes:
     """W [N, K] as w = d * q + m per row and 32-column chunk (or 16-column half of one, see
     group), exactly: codes q [N, K'] int8, d and m [N, K'/group] float32 (K padded with zeros to
@@ -328,8 +353,9 @@ class AffineCodes:
     m: torch.Tensor
     group: int = 32
     """Columns per (d, m): 32, or 16 (GGUF Q6_K's sub-blocks); d and m are [N, K'/group]."""
-    super_scales: SuperScales | None = None
-    """d's and m's factors as a GGUF Q4_K file stores them, when the codes came from one."""
+    super_scales: SuperScales | Q6Scales | None = None
+    """d's and m's factors as a GGUF Q4_K or Q6_K file stores them, when the codes came from
+    one."""
 
     @property
     def four_bit(self) -> bool:
@@ -421,10 +447,14 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
     - group 16 (GGUF Q6_K, or fused weights with some parts Q6_K): codes a byte each, scales
       [N'/16, K'/32, 2, 2, 16] float32, element [b, c, h, 0 or 1, j] the d or m of row 16 b + j,
       columns 32 c + 16 h .. 32 c + 16 h + 15, kind 8 (1.5 bytes a weight); where every m is
-      +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight).
+      +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight); Q6_K codes
+      that carry their Q6Scales (K a multiple of 256), as the file stores them: 6-bit codes in
+      two planes, d16 and sc (`pack_q6`), kind 14 (0.8203 bytes a weight, kind 9's products).
 
     Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
     (row 5 = 4 * 1 + 1)."""
+    if q6_packable(codes):
+        return pack_q6(codes)
     four_bit = codes.group == CODE_COLUMNS and codes.four_bit
     k = codes.codes.shape[1]
     packed, scales = _codes_and_scales(codes, nibbles=four_bit)
@@ -467,6 +497,79 @@ def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
                         for t in (factors.sub_d, factors.sub_m)], dim=3)  # fmt: skip
     # subs [B, S, 8 chunks, 2 (d, m), 16 rows]
     return torch.cat([*whole, subs.reshape(blocks, supers, 8 * 2 * ROWS)], dim=2).contiguous()
+
+
+Q6_CHUNK_BYTES = 384
+"""Bytes of kind 14's codes per 16 rows and 32 columns: 256 of low nibbles, 128 of high bits."""
+
+
+def q6_packable(codes: AffineCodes) -> bool:
+    """Whether codes pack as kind 14: Q6_K codes with their Q6Scales (so q in -32..31 and d =
+    d16 * sc), d per 16 columns, every m +0, K a multiple of 256."""
+    return (isinstance(codes.super_scales, Q6Scales) and codes.group == CODE_COLUMNS // 2
+            and codes.codes.shape[1] % SUPER_COLUMNS == 0
+            and not bool(codes.m.view(torch.int32).any()))  # fmt: skip
+
+
+def pack_q6(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K codes with their Q6Scales -> linear.c's kind 14: codes as `q6_planes` [N'/16, K/32,
+    384] int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a weight, as
+    the file stores them, where kind 9 takes 1.25 for the same products."""
+    factors = codes.super_scales
+    assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
+    planes = q6_planes(codes.codes)
+    return planes, _q6_scale_bytes(factors, planes.shape[0])
+
+
+def q6_planes(q: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] int8 in -32..31 (K a multiple of 32) as kind 14's planes [N'/16, K/32,
+    384] int8, rows past N zero bytes: of u = q + 32 (0..63, the 6-bit value Q6_K stores) for
+    the 512 codes of 16 rows and 32 columns in kind 9's order, p = 32 j + l for row j, column
+    l, bytes 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i and, in their high nibble,
+    of p = 128 v + 64 + i; bytes 256 + 64 w + i (w < 2) hold u >> 4 of p = 256 w + 64 f + i at
+    bits 2 f, 2 f + 1 (f < 4). So 64 codes of kind 9 are one vector of each plane shifted and
+    masked (linear.c's unpack_q6_avx512). Example: row 2, column 5 (p = 69, u = q + 32 = 0x2B)
+    puts 0xB in the high nibble of byte 5 and 2 at bits 2, 3 of byte 256 + 5. One pass of
+    blocks.c where the kernel loaded, else torch's reshapes (the same bytes: tested)."""
+    n, k = q.shape
+    rows = _padded(n)
+    kernel = native_kernel()
+    if isinstance(kernel, NativeKernel):
+        q = q.contiguous()
+        out = torch.empty(rows // ROWS, k // CODE_COLUMNS, Q6_CHUNK_BYTES, dtype=torch.int8)
+        kernel.lib.verispec_pack_q6(q.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+        return out
+    u = torch.zeros(rows, k, dtype=torch.uint8)
+    u[:n] = (q.to(torch.int16) + 32).to(torch.uint8)  # wraps as C's uint8_t does
+    blocks, chunks = rows // ROWS, k // CODE_COLUMNS
+    o = _row_blocks(u, CODE_COLUMNS).view(blocks, chunks, 8, 64)  # kind 9's bytes, 64 a vector
+    low, high = o & 15, (o >> 4) & 3
+    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [B, C, 4, 64]
+    fields = high.view(blocks, chunks, 2, 4, 64)
+    twos = (
+        fields[:, :, :, 0]
+        | (fields[:, :, :, 1] << 2)
+        | (fields[:, :, :, 2] << 4)
+        | (fields[:, :, :, 3] << 6)
+    )  # [B, C, 2, 64]
+    return torch.cat([nibbles.reshape(blocks, chunks, 256), twos.reshape(blocks, chunks, 128)],
+                     dim=2).view(torch.int8)  # fmt: skip
+
+
+def _q6_scale_bytes(factors: Q6Scales, blocks: int) -> torch.Tensor:
+    """Q6Scales -> linear.c's kind 14 scales, uint8 [N'/16, K/256, 288]: for each block of 16
+    rows and 256 columns, d16 of the 16 rows (float16 bytes), then for each of its 16 groups of
+    16 columns sc of the 16 rows (rows past N zero). Example: row 17's sc of columns 272 ..
+    287 (block 1, row 1; 256 columns 1, group 1) is byte [1, 1, 32 + 16 * 1 + 1]."""
+    rows = blocks * ROWS
+    n, supers = factors.d16.shape
+    d16 = torch.zeros(rows, supers, dtype=torch.float16)
+    d16[:n] = factors.d16
+    sc = torch.zeros(rows, supers * 16, dtype=torch.int8)
+    sc[:n] = factors.sc
+    whole = d16.view(blocks, ROWS, supers).transpose(1, 2).contiguous().view(torch.uint8)
+    groups = sc.view(blocks, ROWS, supers, 16).permute(0, 2, 3, 1).reshape(blocks, supers, 256)
+    return torch.cat([whole, groups.view(torch.uint8)], dim=2).contiguous()
 
 
 def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
@@ -609,7 +712,9 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
     8-bit codes with float32 d and m, Q8_F16_D with float16 d alone, Q4_F16_DM for 4-bit codes
     [B, C, 4, 16, 4] with float16 d and m, Q4_F32_DM with float32 d and m, Q8_F32_DM_HALVES
     for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), Q8_F32_D_HALVES
-    with d alone (scales [B, C, 2, 1, 16]); else F16 or F32."""
+    with d alone (scales [B, C, 2, 1, 16]), Q4_SUPER_DM for 4-bit codes with uint8 scales
+    (`_super_scale_bytes`), Q6_SUPER_D for kind 14's planes [B, C, 384] with uint8 scales
+    (`pack_q6`); else F16 or F32."""
     f = WeightFormat
     if scales is not None:
         if packed.dtype == torch.uint8:
@@ -621,7 +726,7 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
         if scales.dim() == 5:
             return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES
         if scales.dtype == torch.uint8:
-            return f.Q4_SUPER_DM
+            return f.Q6_SUPER_D if packed.dim() == 3 else f.Q4_SUPER_DM
         if packed.dim() == 5:
             return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
         return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM

@@ -15,6 +15,19 @@
  * verispec_q4_k_super: n Q4_K super-blocks -> the factors of their d and m as the file stores
  * them (linear.c's kinds 12 and 13): d16 and -dmin (float16 bits) per super-block, the 6-bit
  * sc and mn of its 8 groups (d = d16 sc, m = -dmin mn: verispec_block_codes' d and m).
+ *
+ * verispec_q6_k_super: n Q6_K super-blocks -> the factors of their d as the file stores them
+ * (linear.c's kind 14): d16 (float16 bits) per super-block, the int8 sc of its 16 groups of 16
+ * (d = d16 sc: verispec_block_codes' d; m = 0).
+ *
+ * verispec_pack_q6: Q6_K codes q [N][K] (K a multiple of 32, q in -32..31) -> kind 14's codes
+ * layout, N padded with rows of zero bytes to a multiple of 16: per block b of 16 rows and
+ * chunk c of 32 columns, 384 bytes, of u = q + 32 (0..63, the file's own 6-bit value) of the
+ * chunk's 512 codes in kind 9's order, p = 32 j + l for row 16 b + j, column 32 c + l: bytes
+ * 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i (low nibble) and p = 128 v + 64 + i
+ * (high nibble); bytes 256 + 64 w + i (w < 2) hold u >> 4 of p = 256 w + 64 f + i at bits
+ * 2 f, 2 f + 1 (f < 4). So 64 bytes of kind 9's codes are one vector of each plane, shifted
+ * and masked (native_linear.q6_planes is the torch form).
  */
 #include <stdint.h>
 #include <string.h>
@@ -186,4 +199,33 @@ void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16
       sc[8 * i + j] = (uint8_t)scale, mn[8 * i + j] = (uint8_t)min;
     }
   }
+}
+
+void verispec_q6_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, int8_t *sc,
+                         int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *b = blocks + i * 210;
+    d16[i] = (uint16_t)(b[208] | b[209] << 8);
+    memcpy(sc + 16 * i, b + 192, 16);
+  }
+}
+
+void verispec_pack_q6(const int8_t *q, int64_t N, int64_t K, uint8_t *out, int threads) {
+  const int64_t blocks = (N + 15) / 16, C = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++)
+    for (int64_t c = 0; c < C; c++) {
+      uint8_t *o = out + (b * C + c) * 384;
+      memset(o, 0, 384);
+      for (int j = 0; j < 16 && 16 * b + j < N; j++) {
+        const int8_t *src = q + (16 * b + j) * K + 32 * c;
+        for (int l = 0; l < 32; l++) {
+          const int p = 32 * j + l, k = p / 64, i = p % 64;
+          const uint8_t u = (uint8_t)(src[l] + 32);
+          o[64 * (k / 2) + i] |= (uint8_t)((u & 15) << 4 * (k % 2));
+          o[256 + 64 * (k / 4) + i] |= (uint8_t)(((u >> 4) & 3) << 2 * (k % 4));
+        }
+      }
+    }
 }

@@ -233,10 +233,10 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 #define UNPACK_ROWS 32 /* rows of x from which a block is unpacked once (AVX-512) */
 #define MODE_NIB(mode) ((mode) == 1 || (mode) == 3 || (mode) == 6) /* two codes a byte */
 /* scales stored otherwise than as float32 d and m, converted once a block */
-#define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2 || (mode) == 6)
+#define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2 || (mode) == 6 || (mode) == 7)
 /* The tiles' scale layout (g16): 0 = d and m each 32 columns, [C][2][16]; 1 = kind 8's d and m
  * each 16 columns, [C][4][16]; 2 = kind 9's d alone each 16 columns, [C][2][16], m = 0. */
-#define MODE_G16(mode) ((mode) == 4 ? 1 : (mode) == 5 ? 2 : 0)
+#define MODE_G16(mode) ((mode) == 4 ? 1 : (mode) == 5 || (mode) == 7 ? 2 : 0)
 #define SCALE_STRIDE(g16) ((g16) == 1 ? 4 * R : 2 * R) /* floats a chunk */
 #define SCALE_HIGH(g16) ((g16) == 1 ? 2 * R : (g16) == 2 ? R : 0) /* the last 16 columns' d */
 
@@ -293,16 +293,16 @@ AVX512 INLINE __m512 lut16(const __m512i q, __m512 table) {
   return _mm512_permutexvar_ps(q, table);
 }
 
-/* sb: the block's scales as float32; next_scales: the next block's as stored, line bytes a
- * chunk; nib: kind 4's or 7's codes, two a byte (one or two rows look their weights up); g16:
+/* sb: the block's scales as float32; next and next_scales: the next block's codes and scales
+ * as stored, code_line and line bytes a chunk; nib: kind 4's or 7's codes, two a byte (one or two rows look their weights up); g16:
  * the scales' layout (MODE_G16: kind 8's or 9's d for each 16 columns). Kind 9's m is a zero
  * vector in the same fma, so it computes kind 8's bits for m = 0. */
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
                                   const int G, const int TN, const int8_t *next,
-                                  const char *next_scales, const int64_t line, const int nib,
-                                  const int g16) {
+                                  const char *next_scales, const int64_t line,
+                                  const int64_t code_line, const int nib, const int g16) {
   const int RB = nib ? QC / 2 : QC; /* bytes of a chunk's row */
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[16][4];
@@ -313,8 +313,8 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
     const int8_t *qc = cb + c * R * RB;
     const float *sc = sb + c * SCALE_STRIDE(g16);
     if (next) { /* the next block's chunk c into L2, while this one computes from cache */
-      _Pragma("GCC unroll 8") for (int l = 0; l < R * RB; l += 64)
-        _mm_prefetch((const char *)(next + c * R * RB + l), _MM_HINT_T1);
+      _Pragma("GCC unroll 8") for (int l = 0; l < code_line; l += 64)
+        _mm_prefetch((const char *)(next + c * code_line + l), _MM_HINT_T1);
       for (int64_t l = 0; l < line; l += 64)
         _mm_prefetch(next_scales + c * line + l, _MM_HINT_T1);
     }
@@ -369,7 +369,7 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
 
 #define Q8_TILE(T0, G, TN, NIB)                                                          \
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
-                 NIB, g16)
+                 code_line, NIB, g16)
 
 /* GGUF Q4_K's scales as the file stores them (kinds 12 and 13): d = d16 sc and m = -dmin mn,
  * d16 and dmin float16 values per 256 columns, sc and mn 6-bit integers per 32. A block's
@@ -396,13 +396,100 @@ AVX2 INLINE void widen_super(const uint8_t *in, float *out, int64_t C) {
   }
 }
 
+/* GGUF Q6_K as the file stores it (kind 14): 6-bit codes u = q + 32 as a plane of their low 4
+ * bits and one of their high 2 (Q6_CHUNK_BYTES a chunk; blocks.c's verispec_pack_q6 gives the
+ * layout), and d = d16 sc, d16 a float16 value per 256 columns, sc an int8 per 16. A block's
+ * scales are, for each 256 columns s, Q6_SUPER_BYTES bytes: d16 of its 16 rows (float16), then
+ * for each of its 8 chunks sc of the 16 rows for the chunk's first 16 columns, then for its
+ * last 16. 0.8203 bytes a weight, as in the file, instead of kind 9's 1.25. A block's codes are
+ * unpacked once into kind 9's (q = u - 32, a byte each) and its scales widened into kind 9's
+ * float32 d (d16 sc: 11 + 8 significant bits, exact in float32, as blocks.c computes kind 9's
+ * d), then kind 9's tiles run on them: kind 9's products, bit for bit. */
+#define Q6_CHUNK_BYTES (R * QC * 3 / 4)
+#define Q6_SUPER_BYTES (2 * R + SUPER_CHUNKS * 2 * R)
+
+/* A block's Q6_K scales (in, C chunks) as kind 9's float32 d (out [C][2][16]: the 16 rows' d
+ * of the chunk's first 16 columns, then of its last 16). */
+AVX2 INLINE void widen_q6(const uint8_t *in, float *out, int64_t C) {
+  for (int64_t c = 0; c < C; c++) {
+    const uint8_t *s = in + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
+    const uint8_t *sub = s + 2 * R + (c % SUPER_CHUNKS) * 2 * R;
+    for (int i = 0; i < 2 * R; i += 8) {
+      const __m256 whole = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * (i % R))));
+      const __m256 part = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+          (const __m128i *)(sub + i))));
+      _mm256_storeu_ps(out + 2 * R * c + i, _mm256_mul_ps(whole, part));
+    }
+  }
+}
+
+/* A block's kind 14 codes (in, C chunks) as kind 9's (out, R * QC bytes a chunk): each 64 of
+ * them (u & 15 | (u >> 4) << 4) - 32 from one vector of each plane, shifted into place. */
+AVX512 INLINE void unpack_q6_avx512(const int8_t *in, int8_t *out, int64_t C) {
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  const __m512i half = _mm512_set1_epi8(32);
+  for (int64_t c = 0; c < C; c++) {
+    const int8_t *p = in + c * Q6_CHUNK_BYTES;
+    int8_t *o = out + c * R * QC;
+    const __m512i h0 = _mm512_loadu_si512(p + 4 * 64), h1 = _mm512_loadu_si512(p + 5 * 64);
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+      const __m512i l = _mm512_loadu_si512(p + 64 * v);
+      _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++) { /* kind 9's bytes 64 k .. */
+        const int k = 2 * v + n, f = k % 4;
+        const __m512i a = n ? _mm512_srli_epi16(l, 4) : l, w = k < 4 ? h0 : h1;
+        const __m512i two = f == 0   ? _mm512_slli_epi16(w, 4)
+                            : f == 1 ? _mm512_slli_epi16(w, 2)
+                            : f == 2 ? w
+                                     : _mm512_srli_epi16(w, 2); /* field f at bits 4, 5 */
+        const __m512i u = _mm512_ternarylogic_epi32(a, _mm512_and_si512(two, high), low,
+                                                    0xEC); /* (a & low) | two's bits 4, 5 */
+        _mm512_storeu_si512(o + 64 * k, _mm512_sub_epi8(u, half));
+      }
+    }
+  }
+}
+
+/* The same with 32-byte vectors: each plane vector's bytes 0-31, then 32-63. */
+AVX2 INLINE void unpack_q6_avx2(const int8_t *in, int8_t *out, int64_t C) {
+  const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  const __m256i half = _mm256_set1_epi8(32);
+  for (int64_t c = 0; c < C; c++) {
+    const int8_t *p = in + c * Q6_CHUNK_BYTES;
+    int8_t *o = out + c * R * QC;
+    for (int e = 0; e < 64; e += 32) {
+      const __m256i h0 = _mm256_loadu_si256((const __m256i *)(p + 4 * 64 + e));
+      const __m256i h1 = _mm256_loadu_si256((const __m256i *)(p + 5 * 64 + e));
+      _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 64 * v + e));
+        _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++) {
+          const int k = 2 * v + n, f = k % 4;
+          const __m256i a = n ? _mm256_srli_epi16(l, 4) : l, w = k < 4 ? h0 : h1;
+          const __m256i two = f == 0   ? _mm256_slli_epi16(w, 4)
+                              : f == 1 ? _mm256_slli_epi16(w, 2)
+                              : f == 2 ? w
+                                       : _mm256_srli_epi16(w, 2);
+          const __m256i u = _mm256_or_si256(_mm256_and_si256(a, low),
+                                            _mm256_and_si256(two, high));
+          _mm256_storeu_si256((__m256i *)(o + 64 * k + e), _mm256_sub_epi8(u, half));
+        }
+      }
+    }
+  }
+}
+
+/* Bytes of a chunk's codes as stored: two a byte (modes 1, 3, 6), kind 14's planes (mode 7),
+ * else a byte each. */
+#define CHUNK_CODE_BYTES(mode) (MODE_NIB(mode) ? R * QC / 2 : (mode) == 7 ? Q6_CHUNK_BYTES : R * QC)
+
 /* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
  * and m (mode 1), kind 5's float16 d (mode 2), kind 7's float32 d and m (mode 3, as kind 2),
  * kind 8's float32 d and m for each 16 columns (mode 4), kind 9's float32 d for each 16
- * columns (mode 5), kind 12's super scales (mode 6: SUPER_BYTES for 8 chunks). */
+ * columns (mode 5), kind 12's super scales (mode 6: SUPER_BYTES for 8 chunks), kind 14's
+ * (mode 7: Q6_SUPER_BYTES for 8 chunks). */
 INLINE int64_t chunk_scale_bytes(const int mode) {
-  static const int64_t bytes[7] = {2 * R * 4, 2 * R * 2, R * 2,    2 * R * 4,
-                                   4 * R * 4, 2 * R * 4, SUPER_BYTES / SUPER_CHUNKS};
+  static const int64_t bytes[8] = {2 * R * 4, 2 * R * 2, R * 2,    2 * R * 4,
+                                   4 * R * 4, 2 * R * 4, SUPER_BYTES / SUPER_CHUNKS,
+                                   Q6_SUPER_BYTES / SUPER_CHUNKS};
   return bytes[mode];
 }
 
@@ -421,22 +508,31 @@ AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const i
 /* Block b of a product over codes (mode: 0 = kind 2, float32 d and m; 1 = kind 4, float16 d
  * and m, two codes in 0..15 a byte; 2 = kind 5, float16 d, m = 0; 3 = kind 7, kind 4's codes
  * with kind 2's scales; 4 = kind 8, float32 d and m for each 16 columns; 5 = kind 9, float32 d
- * for each 16 columns, m = 0). converted: room for a block's scales as float32 (modes 1 and
- * 2); scratch: room for a block as float32, for calls of UNPACK_ROWS rows or more. */
+ * for each 16 columns, m = 0; 6 = kind 12, kind 7's codes with super scales; 7 = kind 14,
+ * unpacked into kind 9's codes and d). converted: room for a block's scales as float32 (modes
+ * 1, 2, 6 and 7), then for kind 14 its codes as kind 9's; scratch: room for a block as
+ * float32, for calls of UNPACK_ROWS rows or more. */
 AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const void *scales,
                                    const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                    int64_t ldy, int64_t b, float *converted, float *scratch,
                                    const int mode) {
   const int nib = MODE_NIB(mode), g16 = MODE_G16(mode);
-  const int64_t C = K / QC, line = chunk_scale_bytes(mode), block_bytes = nib ? R * K / 2 : R * K;
-  const int64_t blocks = (N + R - 1) / R;
+  const int64_t C = K / QC, line = chunk_scale_bytes(mode), code_line = CHUNK_CODE_BYTES(mode);
+  const int64_t blocks = (N + R - 1) / R, block_bytes = C * code_line;
   const int8_t *cb = codes + b * block_bytes;
   const char *sb = (const char *)scales + b * C * line;
   const float *sf = (const float *)sb;
   if (MODE_WIDEN(mode)) { /* stored scales to float32 d and m once a block */
     if (mode == 6) widen_super((const uint8_t *)sb, converted, C);
+    else if (mode == 7) widen_q6((const uint8_t *)sb, converted, C);
     else widen_scales((const uint16_t *)sb, converted, C, mode);
     sf = converted;
+  }
+  const int8_t *next = b + 1 < blocks ? cb + block_bytes : NULL; /* as stored */
+  if (mode == 7) { /* kind 14: the block's codes as kind 9's, after its d */
+    int8_t *unpacked = (int8_t *)(converted + 2 * R * C);
+    unpack_q6_avx512(cb, unpacked, C);
+    cb = unpacked;
   }
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   if (scratch) {
@@ -455,7 +551,6 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
    * weight rows, each weight converted once (over SmolLM2's products 21% and 16% faster
    * than four tiles of 4; 4 rows so ran 28% slower). */
   int64_t t0 = T % 4 == 1 ? 1 : 0;
-  const int8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
   const char *next_scales = sb + C * line;
   if (T == 2 || T == 3) {
     for (int g = 0; g < R; g += 8, next = NULL) {
@@ -541,11 +636,16 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
   (void)scratch;
   const int64_t C = K / QC, line = chunk_scale_bytes(mode);
   const int nib = MODE_NIB(mode), g16 = MODE_G16(mode);
-  const int8_t *cb = codes + b * (nib ? R * K / 2 : R * K);
+  const int8_t *cb = codes + b * C * CHUNK_CODE_BYTES(mode);
   const char *stored = (const char *)scales + b * C * line;
   const float *sb = MODE_WIDEN(mode) ? converted : (const float *)stored;
   if (mode == 6) widen_super((const uint8_t *)stored, converted, C);
-  else if (MODE_WIDEN(mode)) /* stored scales to float32 d and m once a block */
+  else if (mode == 7) { /* kind 14: kind 9's d, then its codes */
+    int8_t *unpacked = (int8_t *)(converted + 2 * R * C);
+    widen_q6((const uint8_t *)stored, converted, C);
+    unpack_q6_avx2(cb, unpacked, C);
+    cb = unpacked;
+  } else if (MODE_WIDEN(mode)) /* stored scales to float32 d and m once a block */
     widen_scales((const uint16_t *)stored, converted, C, mode);
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   for (int g = 0; g < R; g += 4)
@@ -1019,7 +1119,8 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
                           int64_t ldy, int threads) {                                        \
     const int64_t blocks = (N + R - 1) / R;                                                  \
     _Pragma("omp parallel num_threads(threads)") {                                           \
-      float *converted = MODE_WIDEN(MODE) ? malloc(sizeof(float) * 2 * R * (K / QC)) : NULL; \
+      float *converted = MODE_WIDEN(MODE) ? /* kind 14: then its codes as kind 9's */      \
+          malloc(sizeof(float) * 2 * R * (K / QC) + (MODE == 7 ? R * K : 0)) : NULL;         \
       float *scratch = UNPACK && T >= UNPACK ? malloc(sizeof(float) * R * K) : NULL;         \
       _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++)               \
         BLOCK(x, codes, scales, bias, y, T, N, K, ldy, b, converted, scratch, MODE);         \
@@ -1042,16 +1143,18 @@ Q8_ENTRY(AVX2, q8_avx2_g16, block_q8_avx2, 4, 0)
 Q8_ENTRY(AVX2, q8_avx2_d32g16, block_q8_avx2, 5, 0)
 Q8_ENTRY(AVX512, q8_avx512_super, block_q8_avx512, 6, UNPACK_ROWS)
 Q8_ENTRY(AVX2, q8_avx2_super, block_q8_avx2, 6, 0)
+Q8_ENTRY(AVX512, q8_avx512_q6, block_q8_avx512, 7, UNPACK_ROWS)
+Q8_ENTRY(AVX2, q8_avx2_q6, block_q8_avx2, 7, 0)
 
 static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
                       const void *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
-  static void (*const entries[2][7])(const float *, const int8_t *, const void *, const float *,
+  static void (*const entries[2][8])(const float *, const int8_t *, const void *, const float *,
                                      float *, int64_t, int64_t, int64_t, int64_t, int) = {
       {q8_avx2_f32, q8_avx2_f16, q8_avx2_d16, q8_avx2_n32, q8_avx2_g16, q8_avx2_d32g16,
-       q8_avx2_super},
+       q8_avx2_super, q8_avx2_q6},
       {q8_avx512_f32, q8_avx512_f16, q8_avx512_d16, q8_avx512_n32, q8_avx512_g16,
-       q8_avx512_d32g16, q8_avx512_super}};
+       q8_avx512_d32g16, q8_avx512_super, q8_avx512_q6}};
   entries[isa == 2][mode](x, codes, scales, bias, y, T, N, K, ldy, threads);
 }
 
@@ -1067,7 +1170,8 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind 6's
  * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
  * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with
- * them (kind 10's products). */
+ * them (kind 10's products), 14 = kind 9 with Q6_K's codes and d as stored (6-bit codes in a
+ * 4-bit and a 2-bit plane, float16 d16 times int8 sc; kind 9's products). */
 int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
 
 /* linear_q8's scale mode of a weight format of codes times float inputs. */
@@ -1079,6 +1183,7 @@ static int q8_mode(int format) {
     case VERISPEC_Q8_F32_DM_HALVES: return 4;
     case VERISPEC_Q8_F32_D_HALVES: return 5;
     case VERISPEC_Q4_SUPER_DM: return 6;
+    case VERISPEC_Q6_SUPER_D: return 7;
     default: return 0; /* VERISPEC_Q8_F32_DM */
   }
 }
@@ -1105,6 +1210,7 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     case VERISPEC_Q8_F32_DM_HALVES:
     case VERISPEC_Q8_F32_D_HALVES:
     case VERISPEC_Q4_SUPER_DM:
+    case VERISPEC_Q6_SUPER_D:
       linear_q8(isa, q8_mode(format), x + t * K, w, scales, bias, y + t * N, n, N, K, N,
                 threads);
       break;

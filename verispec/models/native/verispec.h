@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 3
+#define VERISPEC_ABI_VERSION 4
 
 /* What a packed weight holds (native_linear.py's packers lay each one out). */
 enum verispec_weight_format {
@@ -26,6 +26,7 @@ enum verispec_weight_format {
   VERISPEC_Q8_F32_A8 = 11,        /* 8-bit codes times 8-bit inputs, float32 d and m (Q5_K, a8) */
   VERISPEC_Q4_SUPER_DM = 12,      /* 4-bit codes, Q4_K's d and m as stored: float16 x 6-bit */
   VERISPEC_Q4_SUPER_A8 = 13,      /* the same times 8-bit inputs (Q4_K, a8) */
+  VERISPEC_Q6_SUPER_D = 14,       /* 6-bit codes (4 + 2 bit planes), Q6_K's d as stored */
 };
 
 /* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
@@ -55,5 +56,8 @@ void verispec_pack_codes(const int8_t *q, int64_t N, int64_t K, int nibbles, int
                          int threads);
 void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16_t *negmin,
                          uint8_t *sc, uint8_t *mn, int threads);
+void verispec_q6_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, int8_t *sc,
+                         int threads);
+void verispec_pack_q6(const int8_t *q, int64_t N, int64_t K, uint8_t *out, int threads);
 
 #endif
