@@ -171,3 +171,44 @@ def test_q4_k_super_scales_multiply_out_to_d_and_m() -> None:
     assert gguf_blocks.regrouped(codes, 16).super_scales is None
     six = block_codes(random_blocks(GGML.Q6_K, ROWS, COLUMNS), GGML.Q6_K, ROWS, COLUMNS)
     assert stacked([codes, six]).super_scales is None  # q, k as Q4_K with v as Q6_K
+
+
+@needs_native
+def test_q6_k_factors_multiply_out_to_d() -> None:
+    """A Q6_K tensor's codes carry d's factors as the file stores them (d16 * sc is d bit for
+    bit), kept in step by stacking and row permutations, and pack as kind 14 (Q6_SUPER_D) by
+    default; stacked beside Q4_K parts they are dropped (kind 8)."""
+    data = random_blocks(GGML.Q6_K, ROWS, COLUMNS, seed=5)
+    codes = block_codes(data, GGML.Q6_K, ROWS, COLUMNS)
+    f = codes.super_scales
+    assert isinstance(f, native_linear.Q6Scales) and f.d16.shape == (ROWS, COLUMNS // 256)
+    for c in (codes, stacked([codes, codes]),
+              gguf_blocks.permuted_rows(codes, torch.randperm(ROWS))):  # fmt: skip
+        f = c.super_scales
+        assert isinstance(f, native_linear.Q6Scales)
+        d = f.d16.float().repeat_interleave(16, 1) * f.sc.float()
+        assert torch.equal(d.view(torch.int32), c.d.view(torch.int32))
+        assert native_linear.kind_of(*pack_codes_by_rows(c)) == 14
+    four = block_codes(random_blocks(GGML.Q4_K, ROWS, COLUMNS), GGML.Q4_K, ROWS, COLUMNS)
+    qkv = stacked([four, four, codes])  # q, k as Q4_K with v as Q6_K
+    assert qkv.super_scales is None and native_linear.kind_of(*pack_codes_by_rows(qkv)) == 8
+    lin = Linear(codes, None, "auto")
+    assert native_linear.kind_of(lin.weight, lin.native_scales) == 14
+    assert linear_module.kernels_in_use([lin]) == {"6-bit codes, d as stored (Q6_K)":
+                                                   f"native {native_linear.loaded().isa_name}"}
+
+
+@needs_native
+def test_native_q6_k_factors_give_numpys_bytes() -> None:
+    """blocks.c's verispec_q6_k_super reads every byte pattern (huge, subnormal, infinite and
+    NaN float16 d, any sc) as numpy's slices of the blocks do, byte for byte."""
+    block, size = GGML_QUANT_SIZES[GGML.Q6_K]
+    data = np.random.default_rng(6).integers(0, 256, (41, 1024 // block * size), np.uint8)
+    data[0, 208:210] = [0x00, 0x80]  # d16 = -0.0
+    data[1, 208:210] = [0x01, 0x00]  # the least subnormal
+    data[2, 208:210] = [0x01, 0x7C]  # a signalling NaN
+    native = gguf_blocks.q6_k_factors(data, 41, 1024, native_linear.loaded())
+    reference = gguf_blocks.q6_k_factors(data, 41, 1024)
+    assert torch.equal(native.d16.view(torch.int16), reference.d16.view(torch.int16))
+    assert torch.equal(native.sc, reference.sc)
+    assert reference.d16.view(torch.int16)[2, 0] == 0x7C01  # the bits as stored, never quieted

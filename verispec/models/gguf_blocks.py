@@ -21,7 +21,13 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from verispec.models.native_linear import AffineCodes, NativeKernel, SuperScales, native_kernel
+from verispec.models.native_linear import (
+    AffineCodes,
+    NativeKernel,
+    Q6Scales,
+    SuperScales,
+    native_kernel,
+)
 
 QK = 32
 """Values per block of the legacy types (Q4_0 .. Q8_0) and per sub-block of Q4_K and Q5_K."""
@@ -131,7 +137,11 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
                                                d.ctypes.data, m.ctypes.data,
                                                torch.get_num_threads())  # fmt: skip
         assert done == 0, kind  # every CODED_TYPES member is one of blocks.c's types
-        factors = _q4_k_factors(kernel, data, rows, columns) if kind == GGML.Q4_K else None
+        factors = None  # d's (and m's) factors as stored: kinds 12 and 14
+        if kind == GGML.Q4_K:
+            factors = _q4_k_factors(kernel, data, rows, columns)
+        elif kind == GGML.Q6_K:
+            factors = q6_k_factors(data, rows, columns, kernel)
         return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group,
                            factors)  # fmt: skip
     return _numpy_block_codes(data, kind, rows, columns, codes, d, m, per_block, group)
@@ -148,6 +158,25 @@ def _q4_k_factors(kernel: NativeKernel, data: np.ndarray, rows: int, columns: in
                                    negmin.data_ptr(), sub_d.data_ptr(), sub_m.data_ptr(),
                                    torch.get_num_threads())  # fmt: skip
     return SuperScales(d16, negmin, sub_d, sub_m)
+
+
+def q6_k_factors(
+    data: np.ndarray, rows: int, columns: int, kernel: NativeKernel | None = None
+) -> Q6Scales:
+    """The Q6Scales of a Q6_K tensor's blocks (data [rows, bytes a row], contiguous): each
+    super-block's float16 d (bytes 208, 209) and int8 sc (bytes 192 .. 207) as stored. By
+    blocks.c with a kernel, else by numpy (the same bytes: tested)."""
+    supers = columns // QK_K
+    if kernel is None:
+        blocks = data.reshape(rows, supers, -1)
+        d16 = np.ascontiguousarray(blocks[:, :, 208:210]).view(np.float16).reshape(rows, supers)
+        sc = np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8).reshape(rows, supers * 16)
+        return Q6Scales(torch.from_numpy(d16), torch.from_numpy(sc))
+    d16_out = torch.empty(rows, supers, dtype=torch.float16)
+    sc_out = torch.empty(rows, supers * 16, dtype=torch.int8)
+    kernel.lib.verispec_q6_k_super(data.ctypes.data, rows * supers, d16_out.data_ptr(),
+                                   sc_out.data_ptr(), torch.get_num_threads())  # fmt: skip
+    return Q6Scales(d16_out, sc_out)
 
 
 def _numpy_block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int, codes: np.ndarray,
@@ -182,7 +211,8 @@ def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
 
 def regrouped(codes: AffineCodes, group: int) -> AffineCodes:
     """The same codes with d and m given per `group` columns (a divisor of codes.group); their
-    SuperScales, which are per 32 columns, are left out."""
+    SuperScales, which are per 32 columns, are left out (Q6_K's Q6Scales are per 16, the
+    finest group, so never regrouped)."""
     if group == codes.group:
         return codes
     assert codes.group % group == 0, (codes.group, group)
@@ -199,7 +229,8 @@ def stacked(parts: Sequence[AffineCodes | torch.Tensor]) -> AffineCodes | torch.
         group = min(p.group for p in codes)
         same = [regrouped(p, group) for p in codes]
         factors = [p.super_scales for p in same if p.super_scales is not None]
-        whole = SuperScales.cat(factors) if len(factors) == len(same) else None
+        kinds = {type(f) for f in factors}  # SuperScales (Q4_K) or Q6Scales (Q6_K)
+        whole = kinds.pop().cat(factors) if len(factors) == len(same) and len(kinds) == 1 else None
         return AffineCodes(torch.cat([p.codes for p in same]), torch.cat([p.d for p in same]),
                            torch.cat([p.m for p in same]), group, whole)  # fmt: skip
     return torch.cat([dequantize_codes(p) if isinstance(p, AffineCodes) else p for p in parts])
