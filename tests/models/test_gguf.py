@@ -21,6 +21,7 @@ from verispec.models.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotar
 from verispec.models.linear import native_usable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
+from verispec.models.native_linear import WeightFormat, kind_of
 from verispec.tokenizer import Tokenizer
 
 from .harness import Runner, hf_logits, random_ids
@@ -118,6 +119,11 @@ def test_quantized_blocks_run_as_their_codes(case: Case) -> None:
     assert all(lin.kernel == "native" for lin in linears)
     assert all(lin.weight.dtype in (torch.int8, torch.uint8) for lin in linears), qtype
     assert isinstance(case.ours.embed, BlockEmbedding)
+    if qtype == "Q6_K":  # the file's codes and d as stored (kind 14), its LM head too
+        heads = [*linears, case.ours.lm_head]
+        assert {kind_of(lin.weight, lin.native_scales) for lin in heads} == {
+            WeightFormat.Q6_SUPER_D
+        }
 
 
 def test_config_comes_from_the_metadata(case: Case) -> None:
