@@ -15,8 +15,9 @@ from verispec.bench.floor import (
     linear_bytes,
     read_bandwidth,
 )
-from verispec.models.linear import Linear, fp16_kernel_available
+from verispec.models.linear import Linear, fp16_kernel_available, native_usable
 from verispec.models.loader import load_model
+from verispec.models.native_linear import AffineCodes, Q6Scales
 
 
 def weight(fp16_values: bool) -> torch.Tensor:
@@ -64,3 +65,18 @@ def test_interleaved_greedy_steps_time_both_models(spec_pair: tuple[Path, Path])
     target, draft = (load_model(p, torch.float32, torch.device("cpu")) for p in spec_pair)
     t_ms, d_ms = interleaved_greedy_step_ms(target, draft, steps=3, repeats=3, context=20)
     assert t_ms > 0 and d_ms > 0
+
+
+@pytest.mark.skipif(not native_usable(), reason="the native kernel cannot run here")
+def test_q6_k_codes_count_their_bytes_as_stored() -> None:
+    """Q6_K codes with their factors (kind 14) read 0.8203 bytes a weight, as the file holds
+    them; without the factors (kind 9) 1.25."""
+    g = torch.Generator().manual_seed(1)
+    d16 = torch.rand(32, 1, generator=g).half()
+    sc = torch.randint(-128, 128, (32, 16), generator=g, dtype=torch.int8)
+    d = d16.float().repeat_interleave(16, 1) * sc.float()
+    q = torch.randint(-32, 32, (32, 256), generator=g, dtype=torch.int8)
+    stored = AffineCodes(q, d, torch.zeros_like(d), 16, Q6Scales(d16, sc))
+    plain = AffineCodes(q, d, torch.zeros_like(d), 16)
+    assert linear_bytes(Linear(stored, None, "auto")) == WeightBytes(6720, 6720)  # 0.8203 x 8192
+    assert linear_bytes(Linear(plain, None, "auto")) == WeightBytes(10240, 10240)  # 1.25 x 8192

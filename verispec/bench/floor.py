@@ -46,8 +46,9 @@ def linear_bytes(linear: Linear) -> WeightBytes:
         packed = cast(torch.Tensor, linear.weight)
         if linear.native_scales is None:  # float16 or float32 (padding aside)
             size = n * packed.element_size() + bias
-        else:  # affine codes (padded; a byte each, or two a byte when all in 0..15) + their
-            # scales as stored (per 32 or 16 columns, float32 or float16, d alone or d and m)
+        else:  # affine codes (padded; a byte each, two a byte when all in 0..15, or Q6_K's
+            # 6 bits in two planes) + their scales as stored (per 32 or 16 columns, float32 or
+            # float16, d alone or d and m, or as a K-quant file stores their factors: uint8)
             scales = linear.native_scales
             size = packed.numel() + scales.element_size() * scales.numel() + bias
         return WeightBytes(size, size)
