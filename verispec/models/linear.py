@@ -13,7 +13,6 @@ import torch
 
 from verispec.models import native_linear
 from verispec.models.gguf_blocks import dequantize_codes
-from verispec.models.hub import cache_dir
 from verispec.models.native_linear import (
     AffineCodes,
     NativeKernel,
@@ -26,6 +25,7 @@ from verispec.models.quantization import (
     round_to_fp16,
     round_to_q8_0,
 )
+from verispec.paths import cache_dir
 
 LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
 BACKENDS = ("auto", "torch", "onednn", "fp16", "native")

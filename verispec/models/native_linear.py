@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.models.hub import cache_dir
+from verispec.paths import cache_dir
 
 HEADER = Path(__file__).with_name("native") / "verispec.h"
 """The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
