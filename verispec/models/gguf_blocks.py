@@ -21,7 +21,13 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from verispec.models.native_linear import AffineCodes, NativeKernel, SuperScales, native_kernel
+from verispec.models.native_linear import (
+    AffineCodes,
+    NativeKernel,
+    SuperScales,
+    dequantize_codes,
+    native_kernel,
+)
 
 QK = 32
 """Values per block of the legacy types (Q4_0 .. Q8_0) and per sub-block of Q4_K and Q5_K."""
@@ -164,20 +170,6 @@ def _numpy_block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int, co
         d[start:end] = dq.reshape(end - start, -1)
         m[start:end] = mq.reshape(end - start, -1)
     return AffineCodes(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m), group)
-
-
-def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
-    """The float32 values [N, K] the codes stand for: d * q + m per group. d * q is exact in
-    float32 (see the module's docstring), so the one rounding is the addition's, as gguf's."""
-    n, k = codes.codes.shape
-    out = torch.empty(n, k)
-    step = max(1, (1 << 22) // max(k, 1))  # rows at a time: transients stay a few megabytes
-    for start in range(0, n, step):
-        rows = slice(start, start + step)
-        q = codes.codes[rows].view(-1, k // codes.group, codes.group).float()
-        w = q * codes.d[rows].unsqueeze(-1) + codes.m[rows].unsqueeze(-1)
-        out[rows] = w.view(-1, k)
-    return out
 
 
 def regrouped(codes: AffineCodes, group: int) -> AffineCodes:

@@ -12,12 +12,12 @@ from typing import Literal, cast
 import torch
 
 from verispec.models import native_linear
-from verispec.models.gguf_blocks import dequantize_codes
 from verispec.models.native_linear import (
     AffineCodes,
     NativeKernel,
     NativeUnavailable,
     WeightFormat,
+    dequantize_codes,
 )
 from verispec.models.quantization import (
     ACTIVATION_QUANTIZATIONS,

@@ -340,6 +340,20 @@ class AffineCodes:
         return bool(low >= 0) and bool(high <= 15)
 
 
+def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
+    """The float32 values [N, K] the codes stand for: d * q + m per group. d * q is exact in
+    float32 (see gguf_blocks.py's docstring), so the one rounding is the addition's, as gguf's."""
+    n, k = codes.codes.shape
+    out = torch.empty(n, k)
+    step = max(1, (1 << 22) // max(k, 1))  # rows at a time: transients stay a few megabytes
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        q = codes.codes[rows].view(-1, k // codes.group, codes.group).float()
+        w = q * codes.d[rows].unsqueeze(-1) + codes.m[rows].unsqueeze(-1)
+        out[rows] = w.view(-1, k)
+    return out
+
+
 def affine_codes(weight: torch.Tensor) -> AffineCodes | None:
     """Int8 codes that rebuild every float32 value of weight bit for bit, or None.
 
