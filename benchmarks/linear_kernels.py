@@ -20,14 +20,14 @@ import torch
 
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.models import native_linear
-from verispec.models.linear import (
+from verispec.models.kernels import native_linear
+from verispec.models.kernels.linear import (
     Linear,
     fp16_kernel_available,
     onednn_available,
     pack_together,
 )
-from verispec.models.native_linear import NativeKernel, native_kernel
+from verispec.models.kernels.native_linear import NativeKernel, native_kernel
 
 SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
     "llama-125m": [(2304, 768), (768, 768), (6144, 768), (768, 3072)],

@@ -114,7 +114,7 @@ def make_checkpoint(
 
 def round_matrices_to_fp16(model: PreTrainedModel) -> None:
     """Round every matrix of model in place to the nearest float16 value (kept float32)."""
-    from verispec.models.quantization import round_to_fp16
+    from verispec.models.kernels.quantization import round_to_fp16
 
     with torch.no_grad():
         for weight in model.parameters():

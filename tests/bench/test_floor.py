@@ -15,7 +15,7 @@ from verispec.bench.floor import (
     linear_bytes,
     read_bandwidth,
 )
-from verispec.models.linear import Linear, fp16_kernel_available
+from verispec.models.kernels.linear import Linear, fp16_kernel_available
 from verispec.models.loader import load_model
 
 

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from verispec import LLM, SamplingParams
 from verispec.models.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
-from verispec.models.linear import native_usable
+from verispec.models.kernels.linear import native_usable
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model, resolve_model_path
 from verispec.tokenizer import Tokenizer

@@ -16,7 +16,7 @@ import pytest
 from conftest import CORPUS, train_bpe_tokenizer
 from gguf_files import _add_tokenizer
 
-from verispec.models.linear import native_usable
+from verispec.models.kernels.linear import native_usable
 
 HIDDEN, FFN, LAYERS, VOCAB = 1024, 4096, 16, 320
 

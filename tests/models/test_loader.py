@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.models.linear import choose_backend
+from verispec.models.kernels.linear import choose_backend
 from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
 
 from .harness import Runner, native_model, random_ids

@@ -28,7 +28,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
     import torch
 
-    from verispec.models.quantization import draft_quantization, from_draft_flag
+    from verispec.models.kernels.quantization import draft_quantization, from_draft_flag
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",

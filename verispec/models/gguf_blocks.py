@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from verispec.models.native_linear import (
+from verispec.models.kernels.native_linear import (
     AffineCodes,
     NativeKernel,
     SuperScales,
@@ -119,8 +119,8 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
     holds them (a row of `columns` values is columns / block_size blocks), kind one of
     CODED_TYPES. Codes [rows, columns] int8; d, m [rows, columns / group] float32, group 16 for
     Q6_K, else 32. ValueError for a kind this module does not decode.
-    Decoded by native/blocks.c where the native kernel loaded (the same bits: tested), else by
-    this module's numpy forms."""
+    Decoded by kernels/native/blocks.c where the native kernel loaded (the same bits: tested),
+    else by this module's numpy forms."""
     if kind not in CODED_TYPES:
         raise ValueError(f"GGML type {kind.name} has no affine codes here")
     per_block = QK_K if kind in (GGML.Q4_K, GGML.Q5_K, GGML.Q6_K) else QK

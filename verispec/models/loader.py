@@ -10,7 +10,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from verispec.models.compiled import check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.default import shipped_head
 from verispec.models.gguf import (
@@ -24,10 +23,11 @@ from verispec.models.gguf import (
 from verispec.models.gguf_blocks import stacked
 from verispec.models.gguf_cache import cached_description
 from verispec.models.hub import named_model_path
-from verispec.models.linear import Linear, LinearBackend, choose_backend, pack_together
+from verispec.models.kernels.compiled import check_compile
+from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
+from verispec.models.kernels.native_linear import AffineCodes, release_freed_memory
+from verispec.models.kernels.quantization import check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
-from verispec.models.native_linear import AffineCodes, release_freed_memory
-from verispec.models.quantization import check_quantization
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -172,7 +172,7 @@ def load_model(
 
     quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored. compile runs the decoder stack through
-    torch.compile (models/compiled.py).
+    torch.compile (models/kernels/compiled.py).
     """
     check_quantization(quantization)
     check_compile(compile, batch_invariant)

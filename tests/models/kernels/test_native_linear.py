@@ -11,11 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.models import native_linear
 from verispec.models.gguf_blocks import CODED_TYPES
-from verispec.models.linear import Linear, choose_backend, kernel_for, pack_together
-from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel, pack
-from verispec.models.quantization import round_to_q8_0
+from verispec.models.kernels import native_linear
+from verispec.models.kernels.linear import Linear, choose_backend, kernel_for, pack_together
+from verispec.models.kernels.native_linear import (
+    NativeKernel,
+    NativeUnavailable,
+    native_kernel,
+    pack,
+)
+from verispec.models.kernels.quantization import round_to_q8_0
 
 CPU = torch.device("cpu")
 KERNEL = native_kernel()
@@ -574,10 +579,10 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
     from conftest import make_checkpoint
 
+    from verispec.models.kernels.native_layer import NativeStack
     from verispec.models.loader import load_model
-    from verispec.models.native_layer import NativeStack
 
-    from .harness import Runner, assert_runs_match
+    from ..harness import Runner, assert_runs_match
 
     make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
     runners = []

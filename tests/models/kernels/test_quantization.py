@@ -13,24 +13,24 @@ from torch.testing import assert_close
 from transformers import PreTrainedModel
 
 from verispec import LLM
-from verispec.models import native_linear
-from verispec.models.linear import Linear
-from verispec.models.loader import load_model
-from verispec.models.native_linear import (
+from verispec.models.kernels import native_linear
+from verispec.models.kernels.linear import Linear
+from verispec.models.kernels.native_linear import (
     NativeKernel,
     NativeUnavailable,
     affine_codes,
     native_kernel,
 )
-from verispec.models.quantization import (
+from verispec.models.kernels.quantization import (
     check_quantization,
     draft_quantization,
     int8_per_channel,
     round_to_fp16,
     round_to_q8_0,
 )
+from verispec.models.loader import load_model
 
-from .harness import Runner, hf_logits, random_ids
+from ..harness import Runner, hf_logits, random_ids
 
 CPU = torch.device("cpu")
 

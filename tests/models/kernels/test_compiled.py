@@ -1,4 +1,4 @@
-"""The compiled decoder stack (models/compiled.py) against eager mode, the reference.
+"""The compiled decoder stack (models/kernels/compiled.py) against eager mode, the reference.
 
 Compiled and eager logits are not claimed bit-identical: inductor fuses the norms and the
 rotary arithmetic into its own loops, which round differently in the last bits. What is
@@ -22,7 +22,7 @@ from verispec import LLM, SamplingParams, SpecConfig
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 
-from .harness import Runner, assert_runs_match, random_ids
+from ..harness import Runner, assert_runs_match, random_ids
 
 SKIP = [pytest.mark.skip(reason="compiles for a minute; set VERISPEC_FULL=1")]
 

@@ -11,15 +11,15 @@ from typing import Literal, cast
 
 import torch
 
-from verispec.models import native_linear
-from verispec.models.native_linear import (
+from verispec.models.kernels import native_linear
+from verispec.models.kernels.native_linear import (
     AffineCodes,
     NativeKernel,
     NativeUnavailable,
     WeightFormat,
     dequantize_codes,
 )
-from verispec.models.quantization import (
+from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
     round_to_fp16,

@@ -1,8 +1,8 @@
-"""The native decoder stack (models/native_layer.py, native/layer.c) against llama.py's torch
-operators, the reference: logits, KV entries and EAGLE features within float32 rounding for
-every family and every shape the engine runs (prefill, decode, verify, ragged batches, tree
-masks, sliding windows), head sizes that take each of the C code's paths, and rows that are
-bitwise lone decode steps even outside the batch-invariant mode."""
+"""The native decoder stack (models/kernels/native_layer.py, kernels/native/layer.c) against
+llama.py's torch operators, the reference: logits, KV entries and EAGLE features within float32
+rounding for every family and every shape the engine runs (prefill, decode, verify, ragged
+batches, tree masks, sliding windows), head sizes that take each of the C code's paths, and rows
+that are bitwise lone decode steps even outside the batch-invariant mode."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 import torch
 from conftest import make_checkpoint
 
-from verispec.models import native_layer
+from verispec.models.kernels import native_layer
+from verispec.models.kernels.native_layer import can_fold_head, can_step_greedily, greedy_steps
+from verispec.models.kernels.native_linear import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
-from verispec.models.native_layer import can_fold_head, can_step_greedily, greedy_steps
-from verispec.models.native_linear import NativeKernel, native_kernel
 from verispec.sample.sampler import argmax_rows
 
-from .harness import Runner, assert_runs_match, random_ids, run_shapes
+from ..harness import Runner, assert_runs_match, random_ids, run_shapes
 
 pytestmark = pytest.mark.skipif(
     not isinstance(native_kernel(), NativeKernel), reason="the native kernel cannot run here"

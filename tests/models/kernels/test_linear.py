@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec.models import linear as linear_module
-from verispec.models import native_linear
-from verispec.models.linear import (
+from verispec.models.kernels import linear as linear_module
+from verispec.models.kernels import native_linear
+from verispec.models.kernels.linear import (
     Linear,
     choose_backend,
     exactly_fp16,
@@ -18,7 +18,7 @@ from verispec.models.linear import (
     kernel_for,
     onednn_available,
 )
-from verispec.models.native_linear import NativeKernel, NativeUnavailable, native_kernel
+from verispec.models.kernels.native_linear import NativeKernel, NativeUnavailable, native_kernel
 
 CPU = torch.device("cpu")
 needs_fp16 = pytest.mark.skipif(not fp16_kernel_available(), reason="this build has no FBGEMM")

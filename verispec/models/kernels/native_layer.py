@@ -9,8 +9,8 @@ products on the native linear kernel, the rest over plain float32 arrays.
 
 It runs where every product of the model runs the native kernel with no padded columns
 (float32 on the CPU), in eager mode; llama.py's torch operators stay the reference it is tested
-against (within float32 rounding, tests/models/test_native_layer.py). Like the kernel, every
-row is computed alone by a fixed sequence of operations, so a verify or prefill row is
+against (within float32 rounding, tests/models/kernels/test_native_layer.py). Like the kernel,
+every row is computed alone by a fixed sequence of operations, so a verify or prefill row is
 bit-for-bit the decode step of the same token, with or without the batch-invariant mode.
 """
 
@@ -26,8 +26,8 @@ import torch
 from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
 from verispec.models.config import ModelConfig
-from verispec.models.linear import Linear
-from verispec.models.native_linear import kind_of, loaded, packed_columns
+from verispec.models.kernels.linear import Linear
+from verispec.models.kernels.native_linear import kind_of, loaded, packed_columns
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.models import native_linear
+from verispec.models.kernels import native_linear
 
 QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
 ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
