@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import make_checkpoint
 
+from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.linear import fp16_kernel_available, onednn_available
-from verispec.models.kernels.native_linear import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 

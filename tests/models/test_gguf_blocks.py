@@ -13,10 +13,10 @@ from gguf.quants import dequantize
 
 from verispec.models import gguf_blocks
 from verispec.models.gguf_blocks import CODED_TYPES, block_codes, regrouped, stacked
+from verispec.models.kernels import build, packing
 from verispec.models.kernels import linear as linear_module
-from verispec.models.kernels import native_linear
 from verispec.models.kernels.linear import Linear, native_usable, pack_codes_by_rows
-from verispec.models.kernels.native_linear import dequantize_codes
+from verispec.models.kernels.packing import dequantize_codes
 
 needs_native = pytest.mark.skipif(not native_usable(), reason="the native kernel cannot run here")
 ROWS, COLUMNS = 37, 512  # 37: no multiple of the kernel's 16-row blocks
@@ -93,7 +93,7 @@ def test_packing_by_rows_equals_packing_whole(monkeypatch: pytest.MonkeyPatch) -
         codes = block_codes(random_blocks(kind, 100, 256, seed=4), kind, 100, 256)
         monkeypatch.setattr(linear_module, "PACK_ROWS", 32)
         pieces = pack_codes_by_rows(codes)
-        whole = native_linear.pack_codes(codes)
+        whole = packing.pack_codes(codes)
         assert all(torch.equal(a, b) for a, b in zip(pieces, whole, strict=True)), kind.name
 
 
@@ -124,7 +124,7 @@ def test_native_decoding_gives_the_numpy_forms_bits(kind: GGML, monkeypatch) -> 
     data = np.random.default_rng(2).integers(0, 256, (41, 1024 // block * size), np.uint8)
     data[0, :size] = 0  # a zero block: d = +0, m = -0 for the K-quants' -(dmin mn)
     native = block_codes(data, kind, 41, 1024)
-    monkeypatch.setattr(gguf_blocks, "native_kernel", lambda: native_linear.NativeUnavailable(""))
+    monkeypatch.setattr(gguf_blocks, "native_kernel", lambda: build.NativeUnavailable(""))
     with np.errstate(all="ignore"):
         reference = block_codes(data, kind, 41, 1024)
     assert torch.equal(native.codes, reference.codes) and native.group == reference.group
@@ -139,11 +139,11 @@ def test_native_packing_gives_torchs_bytes(rows: int, monkeypatch) -> None:
     g = torch.Generator().manual_seed(rows)
     wide = torch.randint(-128, 128, (rows, 96), generator=g, dtype=torch.int8)
     narrow = torch.randint(0, 16, (rows, 96), generator=g, dtype=torch.int8)
-    native = [native_linear.packed_code_bytes(wide, False),
-              native_linear.packed_code_bytes(narrow, True)]  # fmt: skip
-    monkeypatch.setattr(native_linear, "native_kernel", lambda: native_linear.NativeUnavailable(""))
-    torch_made = [native_linear.packed_code_bytes(wide, False),
-                  native_linear.packed_code_bytes(narrow, True)]  # fmt: skip
+    native = [packing.packed_code_bytes(wide, False),
+              packing.packed_code_bytes(narrow, True)]  # fmt: skip
+    monkeypatch.setattr(build, "native_kernel", lambda: build.NativeUnavailable(""))
+    torch_made = [packing.packed_code_bytes(wide, False),
+                  packing.packed_code_bytes(narrow, True)]  # fmt: skip
     for a, b in zip(native, torch_made, strict=True):
         assert a.shape == b.shape and torch.equal(a, b)
 

@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from verispec.models.config import MODEL_TYPES, ModelConfig
 from verispec.models.gguf_blocks import CODED_TYPES, block_codes, permuted_rows
-from verispec.models.kernels.native_linear import AffineCodes, madvise
+from verispec.models.kernels.ffi import madvise
+from verispec.models.kernels.packing import AffineCodes
 
 log = logging.getLogger("verispec")
 

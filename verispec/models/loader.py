@@ -24,8 +24,9 @@ from verispec.models.gguf_blocks import stacked
 from verispec.models.gguf_cache import cached_description
 from verispec.models.hub import named_model_path
 from verispec.models.kernels.compiled import check_compile
+from verispec.models.kernels.ffi import release_freed_memory
 from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
-from verispec.models.kernels.native_linear import AffineCodes, release_freed_memory
+from verispec.models.kernels.packing import AffineCodes
 from verispec.models.kernels.quantization import check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
 

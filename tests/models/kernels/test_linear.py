@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verispec.models.kernels import build
 from verispec.models.kernels import linear as linear_module
-from verispec.models.kernels import native_linear
+from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
 from verispec.models.kernels.linear import (
     Linear,
     choose_backend,
@@ -18,7 +19,6 @@ from verispec.models.kernels.linear import (
     kernel_for,
     onednn_available,
 )
-from verispec.models.kernels.native_linear import NativeKernel, NativeUnavailable, native_kernel
 
 CPU = torch.device("cpu")
 needs_fp16 = pytest.mark.skipif(not fp16_kernel_available(), reason="this build has no FBGEMM")
@@ -37,7 +37,7 @@ def test_exactly_fp16_worked_example() -> None:
 
 @needs_fp16
 def test_auto_keeps_fp16_values_in_fp16_and_rounds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native_linear, "native_kernel", lambda: NativeUnavailable("test"))
+    monkeypatch.setattr(build, "native_kernel", lambda: NativeUnavailable("test"))
     assert kernel_for("auto", weights(8, 4, fp16_values=True)) == "fp16"
     assert kernel_for("auto", weights(8, 4, fp16_values=False)) == float32_fallback()
     assert kernel_for("torch", weights(8, 4, fp16_values=True)) == "torch"

@@ -13,8 +13,8 @@ import torch
 from conftest import make_checkpoint
 
 from verispec.models.kernels import native_layer
+from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.native_layer import can_fold_head, can_step_greedily, greedy_steps
-from verispec.models.kernels.native_linear import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.loader import load_model
 from verispec.sample.sampler import argmax_rows

@@ -13,14 +13,10 @@ from torch.testing import assert_close
 from transformers import PreTrainedModel
 
 from verispec import LLM
-from verispec.models.kernels import native_linear
+from verispec.models.kernels import build
+from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
 from verispec.models.kernels.linear import Linear
-from verispec.models.kernels.native_linear import (
-    NativeKernel,
-    NativeUnavailable,
-    affine_codes,
-    native_kernel,
-)
+from verispec.models.kernels.packing import affine_codes
 from verispec.models.kernels.quantization import (
     check_quantization,
     draft_quantization,
@@ -97,14 +93,14 @@ def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) ->
     assert draft_quantization("q8_0", "torch", CPU, f32, False) == "q8_0"
     assert draft_quantization(None, "auto", CPU, f32, False) is None
     for vnni, expected in ((True, "w8a8"), (False, None)):
-        monkeypatch.setattr(native_linear, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
+        monkeypatch.setattr(build, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
         assert draft_quantization("auto", "auto", CPU, f32, False) == expected
         assert draft_quantization("auto", "native", CPU, f32, False) == expected
     assert draft_quantization("auto", "torch", CPU, f32, False) is None  # vnni still True
     assert draft_quantization("auto", "auto", CPU, torch.float16, False) is None
     assert draft_quantization("auto", "auto", torch.device("meta"), f32, False) is None
     assert draft_quantization("auto", "auto", CPU, f32, True) is None  # compiled
-    monkeypatch.setattr(native_linear, "native_kernel", lambda: NativeUnavailable("no compiler"))
+    monkeypatch.setattr(build, "native_kernel", lambda: NativeUnavailable("no compiler"))
     assert draft_quantization("auto", "auto", CPU, f32, False) is None
 
 

@@ -11,14 +11,10 @@ from typing import Literal, cast
 
 import torch
 
-from verispec.models.kernels import native_linear
-from verispec.models.kernels.native_linear import (
-    AffineCodes,
-    NativeKernel,
-    NativeUnavailable,
-    WeightFormat,
-    dequantize_codes,
-)
+from verispec.models.kernels import build, packing, product
+from verispec.models.kernels.build import NativeKernel, NativeUnavailable
+from verispec.models.kernels.ffi import WeightFormat
+from verispec.models.kernels.packing import AffineCodes, dequantize_codes
 from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
@@ -127,7 +123,7 @@ def float32_fallback() -> str:
 def native_usable() -> bool:
     """Whether the native kernel built and loaded here: it checks the instruction sets it needs
     (AVX2, F16C and FMA; AVX-512 and VNNI where present) itself, on AMD and Intel alike."""
-    return isinstance(native_linear.native_kernel(), NativeKernel)
+    return isinstance(build.native_kernel(), NativeKernel)
 
 
 def exactly_fp16(weight: torch.Tensor) -> bool:
@@ -151,7 +147,7 @@ def choose_backend(
 
     "auto" on a float32 CPU model becomes the per-weight choice described in `kernel_for`; with
     compile, "native" where `kernel_for` would pick it (the compiler keeps its operator as one
-    call, native_linear.native_linear_op), else "torch": the prepacked oneDNN and FBGEMM
+    call, product.native_linear_op), else "torch": the prepacked oneDNN and FBGEMM
     weights are opaque objects torch.compile cannot trace, while plain weights become the
     compiler's own library products.
     """
@@ -178,7 +174,7 @@ def choose_backend(
             "the native linear backend computes in float32 on the CPU; use linear_backend="
             "'torch' or 'auto' on other devices and dtypes"
         )
-    native = native_linear.native_kernel() if backend == "native" else None
+    native = build.native_kernel() if backend == "native" else None
     if isinstance(native, NativeUnavailable):
         raise ValueError(f"the native linear kernel cannot run here: {native.reason}")
     if backend == "auto" and not cpu_fp32:
@@ -197,7 +193,7 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
     kernel (on any CPU it runs on: its integer products are the point).
 
     "auto" (float32 CPU): "native" wherever it builds and its instruction sets are present
-    (verispec's own kernel, native_linear.py: it streams each weight in the fewest bytes that
+    (verispec's own kernel, product.py: it streams each weight in the fewest bytes that
     hold it exactly, GGUF codes, float16 or float32; chosen by capability, on AMD and Intel
     alike). Without it, "fp16" when the weight is exactly representable in float16 (half the
     bytes), else whichever of F.linear and oneDNN was measured faster here (float32_fallback).
@@ -211,7 +207,7 @@ def kernel_for(backend: str, weight: torch.Tensor, quantization: str | None = No
                 f"CPU), but this model's linear kernels are {backend!r}: use dtype float32, "
                 "device cpu and linear_backend 'auto' or 'native'"
             )
-        native = native_linear.native_kernel()
+        native = build.native_kernel()
         if isinstance(native, NativeUnavailable):
             raise ValueError(
                 f"quantization={quantization!r} runs on the native kernel only, which cannot "
@@ -245,33 +241,33 @@ PACK_ROWS = 2048
 
 
 def pack_codes_by_rows(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """native_linear.pack_codes, PACK_ROWS rows at a time into one preallocated output, so a
+    """packing.pack_codes, PACK_ROWS rows at a time into one preallocated output, so a
     large weight (a 150k-row LM head) never has several whole copies alive while it packs.
     The packed layout is blocked by 16 rows, so the pieces are the whole's rows; if a piece
     would pick another kind than the first (e.g. one whose m happen to be all zero), the
     whole weight is packed at once instead."""
     rows = codes.codes.shape[0]
     if rows <= PACK_ROWS:
-        return native_linear.pack_codes(codes)
+        return packing.pack_codes(codes)
     pieces = range(0, rows, PACK_ROWS)
 
     def piece(start: int) -> tuple[torch.Tensor, torch.Tensor]:
         part = slice(start, start + PACK_ROWS)
         factors = None if codes.super_scales is None else codes.super_scales.rows(part)
-        return native_linear.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
-                                                    codes.m[part], codes.group,
-                                                    factors))  # fmt: skip
+        return packing.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
+                                              codes.m[part], codes.group,
+                                              factors))  # fmt: skip
 
     first_w, first_s = piece(0)
-    blocks = -(-rows // native_linear.ROWS)
+    blocks = -(-rows // packing.ROWS)
     weight = torch.empty((blocks, *first_w.shape[1:]), dtype=first_w.dtype)
     scales = torch.empty((blocks, *first_s.shape[1:]), dtype=first_s.dtype)
     for start in pieces:
         w, sc = (first_w, first_s) if start == 0 else piece(start)
         if (w.dtype, w.shape[1:], sc.dtype, sc.shape[1:]) != (first_w.dtype, first_w.shape[1:],
                                                               first_s.dtype, first_s.shape[1:]):
-            return native_linear.pack_codes(codes)  # fmt: skip
-        at = start // native_linear.ROWS
+            return packing.pack_codes(codes)  # fmt: skip
+        at = start // packing.ROWS
         weight[at : at + w.shape[0]] = w
         scales[at : at + sc.shape[0]] = sc
     return weight, scales
@@ -309,8 +305,8 @@ def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
             stored = str(weight.dtype) if isinstance(weight, torch.Tensor) else "packed"
             used[stored.removeprefix("torch.")] = lin.kernel
             continue
-        kernel = native_linear.loaded()
-        kind = native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
+        kernel = build.loaded()
+        kind = packing.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
         name = f"native {kernel.isa_name}"
         if kind in A8_FORMATS:
             name += " vnni" if kernel.vnni else " (portable 8-bit loop)"
@@ -324,12 +320,12 @@ _MOVING = torch.empty(0)
 
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights of the native-kernel layers among linears, in this order (the
-    order a forward runs them), into one arena per dtype (native_linear.into_arena); the d and
+    order a forward runs them), into one arena per dtype (packing.into_arena); the d and
     m of affine codes go into one more per dtype. Refuses "a8" for a model none of whose
     weights are 8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
-    if rounded and not any(native_linear.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
+    if rounded and not any(packing.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
                            in A8_FORMATS for lin in rounded if lin.kernel == "native"):  # fmt: skip
         raise ValueError(
             f"quantization={rounded[0].quantization!r} multiplies 8-bit weight codes by 8-bit "
@@ -341,7 +337,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
         weights = [cast(torch.Tensor, lin.weight) for lin in some]
         for lin in some:  # the list alone holds them, so into_arena frees each once copied
             lin.weight = _MOVING
-        for lin, weight in zip(some, native_linear.into_arena(weights), strict=True):
+        for lin, weight in zip(some, packing.into_arena(weights), strict=True):
             lin.weight = weight
     for dtype in (torch.float32, torch.float16, torch.uint8):  # d and m: float32, float16 or
         # (kinds 12 and 13) their factors as a Q4_K file stores them
@@ -350,7 +346,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
         scales = [cast(torch.Tensor, lin.native_scales) for lin in coded]
         for lin in coded:
             lin.native_scales = _MOVING
-        for lin, moved in zip(coded, native_linear.into_arena(scales), strict=True):
+        for lin, moved in zip(coded, packing.into_arena(scales), strict=True):
             lin.native_scales = moved
 
 
@@ -396,15 +392,15 @@ class Linear:
             # exactly: a GGUF file's codes as stored (or codes found in dequantized values),
             # else float16, else float32. The original weight is not kept.
             if codes is None:
-                codes = native_linear.affine_codes(weight.detach())
+                codes = packing.affine_codes(weight.detach())
             a8 = quantization in ACTIVATION_QUANTIZATIONS
-            if codes is not None and a8 and native_linear.a8_packable(codes):
-                self.weight, self.native_scales = native_linear.pack_codes_a8(codes)
+            if codes is not None and a8 and packing.a8_packable(codes):
+                self.weight, self.native_scales = packing.pack_codes_a8(codes)
             elif codes is not None:
                 self.weight, self.native_scales = pack_codes_by_rows(codes)
             else:
                 dtype = torch.float16 if exactly_fp16(weight) else torch.float32
-                self.weight = native_linear.pack(weight.detach(), dtype)
+                self.weight = packing.pack(weight.detach(), dtype)
         elif self.kernel == "fp16":
             # FBGEMM's packed float16 copy (bias stays float32 inside it); products accumulate
             # in float32, so the result is the float32 product of the same weight values.
@@ -421,8 +417,8 @@ class Linear:
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "native":
             weight = cast(torch.Tensor, self.weight)
-            return native_linear.product(x, weight, self.bias, self.out_features,
-                                         self.native_scales)  # fmt: skip
+            return product.product(x, weight, self.bias, self.out_features,
+                                   self.native_scales)  # fmt: skip
         if self.kernel == "int8":
             y = torch._weight_int8pack_mm(x, self.weight, self.scale)
             return y if self.bias is None else y + self.bias

@@ -26,8 +26,9 @@ import torch
 from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
 from verispec.models.config import ModelConfig
+from verispec.models.kernels.build import loaded
 from verispec.models.kernels.linear import Linear
-from verispec.models.kernels.native_linear import kind_of, loaded, packed_columns
+from verispec.models.kernels.packing import kind_of, packed_columns
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
@@ -87,7 +88,7 @@ class KeyPlan:
 
 class _Linear(ctypes.Structure):
     """layer.c's Linear: one packed weight (kind 0 float32, 1 float16, 2-9 codes with their
-    scales: native_linear.kind_of), out, in."""
+    scales: packing.kind_of), out, in."""
 
     _fields_ = [
         ("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.models.kernels import native_linear
+from verispec.models.kernels import build
 
 QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
 ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
@@ -50,8 +50,8 @@ def draft_quantization(
         return None
     if compile:
         return None
-    kernel = native_linear.native_kernel()
-    return "w8a8" if isinstance(kernel, native_linear.NativeKernel) and kernel.vnni else None
+    kernel = build.native_kernel()
+    return "w8a8" if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
 
 
 def check_quantization(
@@ -88,7 +88,7 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
     127 rounded to float16 and q = round(w / d) in [-127, 127] (kept in weight's dtype).
 
     The native kernel then streams the rounded weight as 8-bit codes, 1.25 bytes a value
-    (native_linear.affine_codes recognises the form); other kernels compute with the rounded
+    (packing.affine_codes recognises the form); other kernels compute with the rounded
     float values. Example: a block [0.5, -1.0, 0.25, 0, ...] -> d = fp16(1 / 127) =
     0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d = 63.5047 rounds to 64), values
     [0.50390625, -0.99993896484375, 0.251953125, 0, ...].

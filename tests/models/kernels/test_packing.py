@@ -1,25 +1,19 @@
-"""The native linear kernel: its packed layout, products against float64 on both instruction
-sets, row invariance (the property batch-invariant mode and verification rely on), and clear
-reasons when it cannot be built."""
+"""The native linear kernel's packed layouts (packing.py) and its products over them
+(product.py): against float64 on both instruction sets, and row invariance (the property
+batch-invariant mode and verification rely on). Its build is tested in test_build.py."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 from pathlib import Path
 
 import pytest
 import torch
 
-from verispec.models.gguf_blocks import CODED_TYPES
-from verispec.models.kernels import native_linear
-from verispec.models.kernels.linear import Linear, choose_backend, kernel_for, pack_together
-from verispec.models.kernels.native_linear import (
-    NativeKernel,
-    NativeUnavailable,
-    native_kernel,
-    pack,
-)
+from verispec.models.kernels import packing, product
+from verispec.models.kernels.build import NativeKernel, native_kernel
+from verispec.models.kernels.linear import Linear, choose_backend, pack_together
+from verispec.models.kernels.packing import pack
 from verispec.models.kernels.quantization import round_to_q8_0
 
 CPU = torch.device("cpu")
@@ -61,7 +55,7 @@ def test_products_match_float64_on_every_instruction_set(
     for kernel in kernels():
         for rows in (1, 2, 3, 5, 8, 17):
             x = torch.randn(rows, inp, generator=g)
-            got = native_linear._product(kernel, x, packed, b, out)
+            got = product._product(kernel, x, packed, b, out)
             expected = x.double() @ w.double().T + b.double()
             torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=0)
 
@@ -75,11 +69,11 @@ def test_every_row_is_its_one_row_product(dtype: torch.dtype) -> None:
     packed = pack(w, dtype)
     x = torch.randn(11, 1536, generator=g)
     for kernel in kernels():
-        whole = native_linear._product(kernel, x, packed, None, 50)
+        whole = product._product(kernel, x, packed, None, 50)
         for i in range(11):
-            alone = native_linear._product(kernel, x[i : i + 1], packed, None, 50)
+            alone = product._product(kernel, x[i : i + 1], packed, None, 50)
             assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)
-        shifted = native_linear._product(kernel, x[3:9], packed, None, 50)
+        shifted = product._product(kernel, x[3:9], packed, None, 50)
         assert torch.equal(shifted, whole[3:9]), kernel.isa_name
 
 
@@ -89,41 +83,6 @@ def test_batch_invariant_layers_need_no_row_splitting() -> None:
     assert linear.kernel == "native" and not linear.row_wise
 
 
-@pytest.fixture
-def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """An empty kernel cache and a forgotten kernel, restored afterwards."""
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    native_kernel.cache_clear()
-    yield tmp_path
-    native_kernel.cache_clear()
-
-
-def test_a_failing_build_says_why_and_auto_falls_back(
-    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("CC", "false")
-    with caplog.at_level(logging.WARNING, logger="verispec"):
-        reason = native_kernel()
-    assert isinstance(reason, NativeUnavailable) and "failed" in reason.reason
-    assert "native linear kernel cannot run here" in caplog.text
-    with pytest.raises(ValueError, match=r"native linear kernel cannot run here.*failed"):
-        choose_backend("native", CPU, torch.float32)
-    assert kernel_for("auto", torch.randn(8, 4)) != "native"
-
-
-def test_it_can_be_turned_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VERISPEC_NATIVE_LINEAR", "0")
-    reason = native_kernel()
-    assert isinstance(reason, NativeUnavailable) and "VERISPEC_NATIVE_LINEAR=0" in reason.reason
-
-
-@needs_kernel
-def test_a_fresh_cache_builds_the_library_once(fresh_build: Path) -> None:
-    assert isinstance(native_kernel(), NativeKernel)
-    built = list((fresh_build / "kernels").glob("native-*.so"))
-    assert len(built) == 1 and not list((fresh_build / "kernels").glob("tmp*"))
-
-
 def test_it_needs_float32_on_the_cpu() -> None:
     with pytest.raises(ValueError, match="native linear backend computes in float32 on the CPU"):
         choose_backend("native", CPU, torch.bfloat16)
@@ -131,9 +90,9 @@ def test_it_needs_float32_on_the_cpu() -> None:
 
 def test_the_arena_keeps_values_and_order_on_aligned_huge_pages() -> None:
     packed = [pack(torch.randn(n, 40), torch.float16) for n in (20, 7, 33)]
-    moved = native_linear.into_arena(packed)
+    moved = packing.into_arena(packed)
     assert all(torch.equal(a, b) for a, b in zip(moved, packed, strict=True))
-    assert moved[0].data_ptr() % native_linear.HUGE_PAGE == 0
+    assert moved[0].data_ptr() % packing.HUGE_PAGE == 0
     for before, after in itertools.pairwise(moved):  # consecutive, in the order given
         assert after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
 
@@ -159,10 +118,10 @@ def test_long_inputs_split_into_calls_without_changing_a_row() -> None:
     g = torch.Generator().manual_seed(9)
     w = torch.randn(24, 64, generator=g)
     packed = pack(w, torch.float32)
-    x = torch.randn(native_linear.CHUNK_ROWS * 2 + 5, 64, generator=g)
-    whole = native_linear.product(x, packed, None, 24)
-    for i in (0, native_linear.CHUNK_ROWS - 1, native_linear.CHUNK_ROWS, x.shape[0] - 1):
-        assert torch.equal(native_linear.product(x[i : i + 1], packed, None, 24)[0], whole[i])
+    x = torch.randn(product.CHUNK_ROWS * 2 + 5, 64, generator=g)
+    whole = product.product(x, packed, None, 24)
+    for i in (0, product.CHUNK_ROWS - 1, product.CHUNK_ROWS, x.shape[0] - 1):
+        assert torch.equal(product.product(x[i : i + 1], packed, None, 24)[0], whole[i])
     torch.testing.assert_close(whole.double(), x.double() @ w.double().T, atol=2e-5, rtol=0)
 
 
@@ -179,21 +138,21 @@ def gguf_like(rows: int, chunks: int, seed: int) -> torch.Tensor:
 def test_affine_codes_worked_examples() -> None:
     q8 = torch.zeros(1, 32)
     q8[0, :3] = torch.tensor([15.875, -0.25, 0.0])
-    codes = native_linear.affine_codes(q8)
+    codes = packing.affine_codes(q8)
     assert codes is not None and codes.codes[0, :3].tolist() == [127, -2, 0]
     assert codes.d.item() == 0.125 and codes.m.item() == 0.0
     q41 = torch.full((1, 32), -1.0)
     q41[0, :3] = torch.tensor([-1.0, 2.75, 0.0])
-    codes = native_linear.affine_codes(q41)
+    codes = packing.affine_codes(q41)
     assert codes is not None and codes.codes[0, :3].tolist() == [0, 15, 4]
     assert (codes.d.item(), codes.m.item()) == (0.25, -1.0)
-    assert native_linear.affine_codes(torch.randn(4, 64)) is None  # plain float weights
-    assert native_linear.affine_codes(gguf_like(4, 2, 0)[:, :40]) is None  # rows of 40
+    assert packing.affine_codes(torch.randn(4, 64)) is None  # plain float weights
+    assert packing.affine_codes(gguf_like(4, 2, 0)[:, :40]) is None  # rows of 40
 
 
 def test_affine_codes_rebuild_every_value_exactly() -> None:
     w = gguf_like(20, 3, 1)
-    codes = native_linear.affine_codes(w)
+    codes = packing.affine_codes(w)
     assert codes is not None
     rebuilt = codes.d.repeat_interleave(32, 1) * codes.codes.float() + codes.m.repeat_interleave(
         32, 1
@@ -207,17 +166,17 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     bias = torch.randn(37)
     linear = Linear(w, bias, "native")
     assert linear.native_scales is not None
-    assert native_linear.kind_of(linear.weight, linear.native_scales) == 4  # two codes a byte
+    assert packing.kind_of(linear.weight, linear.native_scales) == 4  # two codes a byte
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
     packed, scales = linear.weight, linear.native_scales
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = [native_linear._product(kernel, x[i : i + 1], packed, b, 37, scales)[0]
+        alone = [product._product(kernel, x[i : i + 1], packed, b, 37, scales)[0]
                  for i in range(40)]  # fmt: skip
         # 2-8 rows: tiles of 4 x 4 and their remainders (and 37 outputs: a part block); 40:
         # each block unpacked once.
         for rows in (2, 3, 4, 5, 8, 9, 40):
-            whole = native_linear._product(kernel, x[:rows], packed, b, 37, scales)
+            whole = product._product(kernel, x[:rows], packed, b, 37, scales)
             expected = x[:rows].double() @ w.double().T + (0 if b is None else b.double())
             torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
             for i in range(rows):
@@ -231,14 +190,14 @@ def test_4_bit_codes_layout() -> None:
     codes = torch.zeros(6, 32, dtype=torch.int8)
     codes[5, 0], codes[5, 16] = 1, 2
     ones = torch.ones(6, 1)
-    packed, half = native_linear.pack_codes(native_linear.AffineCodes(codes, ones, 0 * ones))
+    packed, half = packing.pack_codes(packing.AffineCodes(codes, ones, 0 * ones))
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.int8
     assert packed[0, 0, 1, 0, 1] == 0x21 and int(packed.sum()) == 0x21
-    assert native_linear.kind_of(packed, half) == 4
+    assert packing.kind_of(packed, half) == 4
     w = gguf_like(37, 3, 5)
-    codes_of = native_linear.affine_codes(w)
+    codes_of = packing.affine_codes(w)
     assert codes_of is not None
-    packed, _ = native_linear.pack_codes(codes_of)
+    packed, _ = packing.pack_codes(codes_of)
     b, c, v, lane, r, high = torch.meshgrid(
         *(torch.arange(n) for n in (3, 3, 4, 16, 4, 2)), indexing="ij"
     )
@@ -259,21 +218,21 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     instruction set and for every row count."""
     g = torch.Generator().manual_seed(8)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
-    codes = native_linear.affine_codes(w)
+    codes = packing.affine_codes(w)
     assert codes is not None
-    packed, half = native_linear.pack_codes(codes)
+    packed, half = packing.pack_codes(codes)
     kind, rows_of_scales = (4, 2) if form == "q4_1" else (5, 1)
     assert half.dtype == torch.float16 and half.shape[2] == rows_of_scales
-    assert native_linear.kind_of(packed, half) == kind
-    bytes_each, full = native_linear._codes_and_scales(codes)
-    assert full.dtype == torch.float32 and native_linear.kind_of(bytes_each, full) == 2
+    assert packing.kind_of(packed, half) == kind
+    bytes_each, full = packing._codes_and_scales(codes)
+    assert full.dtype == torch.float32 and packing.kind_of(bytes_each, full) == 2
     assert packed.numel() == bytes_each.numel() // (2 if form == "q4_1" else 1)
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 40):
-            got = native_linear._product(kernel, x[:rows], packed, bias, out, half)
-            want = native_linear._product(kernel, x[:rows], bytes_each, bias, out, full)
+            got = product._product(kernel, x[:rows], packed, bias, out, half)
+            want = product._product(kernel, x[:rows], bytes_each, bias, out, full)
             assert torch.equal(got, want), (kernel.isa_name, rows)
             expected = x[:rows].double() @ w.double().T + bias.double()
             torch.testing.assert_close(got.double(), expected, atol=5e-5, rtol=0)
@@ -292,14 +251,14 @@ def test_a8_codes_layout_worked_example() -> None:
     w = torch.zeros(2, 32)
     w[1, 5] = 15.875  # Q8_0 block: d = 0.125, code 127
     w[1, 6] = -0.25  # code -2
-    codes = native_linear.affine_codes(w)
+    codes = packing.affine_codes(w)
     assert codes is not None
-    packed, scales = native_linear.pack_codes_a8(codes)
+    packed, scales = packing.pack_codes_a8(codes)
     assert packed.shape == (1, 1, 8, 16, 4) and packed.dtype == torch.uint8
     # column 5 = 4 * 1 + 1, column 6 = 4 * 1 + 2: group 1, row 1; codes + 128
     assert packed[0, 0, 1, 1, 1] == 255 and packed[0, 0, 1, 1, 2] == 126
     assert packed[0, 0, 0, 0, 0] == 128  # a zero code
-    assert scales[0, 0, 0, 1] == 0.125 and native_linear.packed_columns(packed) == 32
+    assert scales[0, 0, 0, 1] == 0.125 and packing.packed_columns(packed) == 32
 
 
 def test_a8_4_bit_codes_layout_worked_example() -> None:
@@ -308,10 +267,10 @@ def test_a8_4_bit_codes_layout_worked_example() -> None:
     codes = torch.zeros(2, 32, dtype=torch.int8)
     codes[1, 5], codes[1, 21] = 3, 15  # columns 4 * 1 + 1 and 16 + 4 * 1 + 1
     ones = torch.ones(2, 1)
-    packed, scales = native_linear.pack_codes_a8(native_linear.AffineCodes(codes, ones, 0 * ones))
+    packed, scales = packing.pack_codes_a8(packing.AffineCodes(codes, ones, 0 * ones))
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
     assert packed[0, 0, 1, 1, 1] == 0xF3 and int(packed.sum()) == 0xF3
-    assert native_linear.kind_of(packed, scales) == 6
+    assert packing.kind_of(packed, scales) == 6
 
 
 @needs_kernel
@@ -320,19 +279,19 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
     """Kind 6 (two codes a byte, sums from 0) and kind 3 (codes + 128 a byte, sums from -128
     times the sum of x's codes) give the same integers, so the same bits, on every kernel."""
     w = gguf_like(out, 3, 9)
-    codes = native_linear.affine_codes(w)
+    codes = packing.affine_codes(w)
     assert codes is not None
-    nibbles, scales = native_linear.pack_codes_a8(codes)
-    assert native_linear.kind_of(nibbles, scales) == 6
+    nibbles, scales = packing.pack_codes_a8(codes)
+    assert packing.kind_of(nibbles, scales) == 6
     low, high = nibbles & 15, nibbles >> 4
     bytes_each = (torch.cat([low, high], dim=2).to(torch.int16) + 128).to(torch.uint8)
-    assert native_linear.kind_of(bytes_each, scales) == 3
+    assert packing.kind_of(bytes_each, scales) == 3
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(10))
     bias = torch.randn(out)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = native_linear._product(kernel, x[:rows], nibbles, bias, out, scales)
-            want = native_linear._product(kernel, x[:rows], bytes_each, bias, out, scales)
+            got = product._product(kernel, x[:rows], nibbles, bias, out, scales)
+            want = product._product(kernel, x[:rows], bytes_each, bias, out, scales)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
@@ -344,7 +303,7 @@ def test_a8_products_round_each_row_on_its_own(form: str, kind: int, out: int) -
     the same on every instruction set (integer sums) and for a row alone or among others.
     K-quant codes (float32 d and m, kinds 10 and 11) included."""
     g = torch.Generator().manual_seed(5)
-    weight: torch.Tensor | native_linear.AffineCodes
+    weight: torch.Tensor | packing.AffineCodes
     if form in ("q4_k", "q5_k"):
         weight = k_quant_codes(out, 3, 6, form)
         w = materialized(weight)
@@ -358,17 +317,17 @@ def test_a8_products_round_each_row_on_its_own(form: str, kind: int, out: int) -
     bias = torch.randn(out, generator=g)
     linear = Linear(weight, bias, "native", quantization="a8")
     assert linear.weight.dtype == torch.uint8 and linear.native_scales is not None
-    assert native_linear.kind_of(linear.weight, linear.native_scales) == kind
+    assert packing.kind_of(linear.weight, linear.native_scales) == kind
     x = torch.randn(40, 96, generator=g) * torch.logspace(-3, 1, 96)  # chunks of many sizes
     x[0, :32] = 0.0  # an all-zero chunk rounds to zeros
     packed, scales = linear.weight, linear.native_scales
     expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
     results = []
     for kernel in kernels():
-        alone = [native_linear._product(kernel, x[i : i + 1], packed, bias, out, scales)[0]
+        alone = [product._product(kernel, x[i : i + 1], packed, bias, out, scales)[0]
                  for i in range(40)]  # fmt: skip
         for rows in (2, 3, 4, 5, 8, 9, 13, 16, 40):  # tiles of 8, 4 and 1-3 rows
-            whole = native_linear._product(kernel, x[:rows], packed, bias, out, scales)
+            whole = product._product(kernel, x[:rows], packed, bias, out, scales)
             torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
             for i in range(rows):
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
@@ -386,18 +345,18 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
     same d and m stored either way give the same bits on every kernel and row count."""
     g = torch.Generator().manual_seed(out)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
-    codes = native_linear.affine_codes(w)
+    codes = packing.affine_codes(w)
     assert codes is not None
-    packed, half = native_linear.pack_codes_a8(codes)
-    assert native_linear.kind_of(packed, half) == (6 if form == "q4_1" else 3)
+    packed, half = packing.pack_codes_a8(codes)
+    assert packing.kind_of(packed, half) == (6 if form == "q4_1" else 3)
     full = half.float()
-    assert native_linear.kind_of(packed, full) == (10 if form == "q4_1" else 11)
+    assert packing.kind_of(packed, full) == (10 if form == "q4_1" else 11)
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = native_linear._product(kernel, x[:rows], packed, bias, out, full)
-            want = native_linear._product(kernel, x[:rows], packed, bias, out, half)
+            got = product._product(kernel, x[:rows], packed, bias, out, full)
+            want = product._product(kernel, x[:rows], packed, bias, out, half)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
@@ -413,7 +372,7 @@ def test_a8_needs_weights_stored_as_codes() -> None:
     assert coded.weight.dtype == torch.uint8
 
 
-def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> native_linear.AffineCodes:
+def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> packing.AffineCodes:
     """GGUF K-quant-style codes, whose d and m are products of float16 values and 6- or 8-bit
     scales (so mostly not float16 values): "q4_k" per 32 columns d = d16 * sc, m = -dmin16 * mn,
     q in 0..15; "q5_k" the same with q in 0..31; "q6_k" per 16 columns d = d16 * sc (sc signed
@@ -428,17 +387,17 @@ def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> native_linear
         m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
         top = 16 if form == "q4_k" else 32
         q = torch.randint(0, top, (rows, chunks * 32), generator=g, dtype=torch.int8)
-        return native_linear.AffineCodes(q, d, m)
+        return packing.AffineCodes(q, d, m)
     d = d16 * torch.randint(-128, 128, shape, generator=g)
     q = torch.randint(-32, 32, (rows, chunks * 32), generator=g, dtype=torch.int8)
     m = torch.zeros(shape)
     if form == "mixed":
         m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
         m[: rows // 2] = 0  # the first rows Q6_K-like, the others Q4_K-like
-    return native_linear.AffineCodes(q, d, m, group=group)
+    return packing.AffineCodes(q, d, m, group=group)
 
 
-def materialized(codes: native_linear.AffineCodes) -> torch.Tensor:
+def materialized(codes: packing.AffineCodes) -> torch.Tensor:
     """W = d * q + m in float32, as the dequantizer computes it."""
     d = codes.d.repeat_interleave(codes.group, 1)
     m = codes.m.repeat_interleave(codes.group, 1)
@@ -450,16 +409,16 @@ def test_k_quant_layouts() -> None:
     columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both; under a8 Q4_K
     codes are kind 6's layout with float32 d and m (kind 10)."""
     codes = k_quant_codes(37, 3, 1, "q4_k")
-    packed, scales = native_linear.pack_codes(codes)
+    packed, scales = packing.pack_codes(codes)
     assert packed.shape == (3, 3, 4, 16, 4) and packed.dtype == torch.int8
     assert scales.shape == (3, 3, 2, 16) and scales.dtype == torch.float32
-    assert native_linear.kind_of(packed, scales) == 7
+    assert packing.kind_of(packed, scales) == 7
     assert scales[1, 2, 0, 3] == codes.d[19, 2] and scales[1, 2, 1, 3] == codes.m[19, 2]
     assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
     for form, kind, dm in (("mixed", 8, 2), ("q6_k", 9, 1)):
         codes = k_quant_codes(37, 3, 2, form)
-        packed, scales = native_linear.pack_codes(codes)
-        assert native_linear.kind_of(packed, scales) == kind
+        packed, scales = packing.pack_codes(codes)
+        assert packing.kind_of(packed, scales) == kind
         assert packed.shape == (3, 3, 16, 32) and scales.shape == (3, 3, 2, dm, 16)
         assert torch.equal(packed[1, 2, 3], codes.codes[19, 64:96])
         assert scales[1, 2, 1, 0, 3] == codes.d[19, 5]  # columns 80 .. 95: group 5
@@ -467,10 +426,10 @@ def test_k_quant_layouts() -> None:
             assert scales[1, 2, 0, 1, 3] == codes.m[19, 4] != 0
         assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == (1.5 if kind == 8 else 1.25)
         with pytest.raises(ValueError, match="one d and m per 32 columns"):
-            native_linear.pack_codes_a8(codes)
+            packing.pack_codes_a8(codes)
     codes = k_quant_codes(37, 3, 1, "q4_k")
-    packed, scales = native_linear.pack_codes_a8(codes)
-    assert native_linear.kind_of(packed, scales) == 10
+    packed, scales = packing.pack_codes_a8(codes)
+    assert packing.kind_of(packed, scales) == 10
     assert packed.shape == (3, 3, 4, 16, 4) and scales.shape == (3, 3, 2, 16)
     assert scales.dtype == torch.float32 and scales[1, 2, 1, 3] == codes.m[19, 2]
     assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
@@ -487,14 +446,14 @@ def assert_products(packed, scales, twin, twin_scales, w, out, exact: bool) -> N
     x = torch.randn(40, w.shape[1], generator=g)
     bias = torch.randn(out, generator=g)
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = native_linear._product(kernel, x[:1], packed, b, out, scales)[0]
+        alone = product._product(kernel, x[:1], packed, b, out, scales)[0]
         for rows in ROW_COUNTS:
-            got = native_linear._product(kernel, x[:rows], packed, b, out, scales)
+            got = product._product(kernel, x[:rows], packed, b, out, scales)
             reference = x[:rows] @ w.T + (0 if b is None else b)
             scale = (x[:rows].abs() @ w.abs().T).amax()
             torch.testing.assert_close(got, reference, atol=float(scale) * 2e-6, rtol=0)
             assert torch.equal(got[0], alone), (kernel.isa_name, rows)
-            want = native_linear._product(kernel, x[:rows], twin, b, out, twin_scales)
+            want = product._product(kernel, x[:rows], twin, b, out, twin_scales)
             if exact:
                 assert torch.equal(got, want), (kernel.isa_name, rows)
 
@@ -505,10 +464,10 @@ def test_kind_7_gives_kind_2s_products(out: int) -> None:
     """Q4_K-like codes two a byte with float32 d and m (kind 7) give, bit for bit, the products
     of the same codes a byte each (kind 2)."""
     codes = k_quant_codes(out, 4, out, "q4_k")
-    packed, scales = native_linear.pack_codes(codes)
-    assert native_linear.kind_of(packed, scales) == 7
-    bytes_each, full = native_linear._codes_and_scales(codes)
-    assert native_linear.kind_of(bytes_each, full) == 2 and torch.equal(full, scales)
+    packed, scales = packing.pack_codes(codes)
+    assert packing.kind_of(packed, scales) == 7
+    bytes_each, full = packing._codes_and_scales(codes)
+    assert packing.kind_of(bytes_each, full) == 2 and torch.equal(full, scales)
     assert_products(packed, scales, bytes_each, full, materialized(codes), out, exact=True)
 
 
@@ -519,11 +478,11 @@ def test_16_column_scales_match_float32(form: str, out: int) -> None:
     """d and m each 16 columns (kind 8; kind 9 with d alone): products near the float32 ones
     of the dequantized weight; kind 9's bitwise kind 8's with its m stored as zeros."""
     codes = k_quant_codes(out, 4, out, form)
-    packed, scales = native_linear.pack_codes(codes)
-    kind = native_linear.kind_of(packed, scales)
+    packed, scales = packing.pack_codes(codes)
+    kind = packing.kind_of(packed, scales)
     assert kind == (8 if form == "mixed" else 9)
     with_m = torch.cat([scales, torch.zeros_like(scales)], dim=3) if kind == 9 else scales
-    assert native_linear.kind_of(packed, with_m) == 8
+    assert packing.kind_of(packed, with_m) == 8
     assert_products(packed, scales, packed, with_m, materialized(codes), out, exact=kind == 9)
 
 
@@ -538,17 +497,17 @@ def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
     else:
         d = torch.rand(45, 4, generator=g) * 0.01 + 1e-3  # float32 d, m = 0
         q = torch.randint(-127, 128, (45, 128), generator=g, dtype=torch.int8)
-        codes = native_linear.AffineCodes(q, d, torch.zeros(45, 4))
-    bytes_each, full = native_linear._codes_and_scales(codes)
-    assert native_linear.kind_of(bytes_each, full) == 2
-    halves = native_linear.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
-                                       codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
-    packed, scales = native_linear.pack_codes(halves)
-    assert native_linear.kind_of(packed, scales) == (8 if form == "q4_k" else 9)
+        codes = packing.AffineCodes(q, d, torch.zeros(45, 4))
+    bytes_each, full = packing._codes_and_scales(codes)
+    assert packing.kind_of(bytes_each, full) == 2
+    halves = packing.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
+                                 codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
+    packed, scales = packing.pack_codes(halves)
+    assert packing.kind_of(packed, scales) == (8 if form == "q4_k" else 9)
     assert_products(packed, scales, bytes_each, full, materialized(codes), 45, exact=True)
 
 
-def k_quantized(w: torch.Tensor, form: str) -> native_linear.AffineCodes:
+def k_quantized(w: torch.Tensor, form: str) -> packing.AffineCodes:
     """w's values rounded to K-quant-style codes with float32 d and m: "q4_k" per 32 columns
     m = min, d = (max - min) / 15 (kind 7); "q6_k" per 16 columns d = max |w| / 31, m = 0
     (kind 9); "mixed" per 16 columns as q4_k's (kind 8)."""
@@ -563,7 +522,7 @@ def k_quantized(w: torch.Tensor, form: str) -> native_linear.AffineCodes:
         d = (chunks.amax(-1, keepdim=True) - m) / 15
         lo, hi = 0, 15
     q = torch.round((chunks - m) / d).clamp(lo, hi).to(torch.int8).view_as(w)
-    return native_linear.AffineCodes(q, d[..., 0], m[..., 0], group=group)
+    return packing.AffineCodes(q, d[..., 0], m[..., 0], group=group)
 
 
 def unpacked(lin: Linear) -> torch.Tensor:
@@ -592,8 +551,8 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
             for lin, form in ((layer.qkv, "mixed"), (layer.o, "q4_k"), (layer.gate_up, "q6_k"),
                               (layer.down, "q4_k")):  # fmt: skip
                 codes = k_quantized(unpacked(lin), form)
-                lin.weight, lin.native_scales = native_linear.pack_codes(codes)
-        assert {native_linear.kind_of(lin.weight, lin.native_scales) for layer in model.layers
+                lin.weight, lin.native_scales = packing.pack_codes(codes)
+        assert {packing.kind_of(lin.weight, lin.native_scales) for layer in model.layers
                 for lin in (layer.qkv, layer.o, layer.gate_up)} == {7, 8, 9}  # fmt: skip
         model.native = (NativeStack(model.layers, model.config, model.inv_freq, model.final_norm)
                         if native else None)  # fmt: skip
@@ -601,36 +560,7 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     assert_runs_match(runners[0], runners[1], 1e-5)
 
 
-def test_the_header_and_the_python_enum_name_the_same_formats() -> None:
-    """verispec.h's enum and native_linear.WeightFormat agree name for name and value for
-    value, and so do their ABI versions; its GGML types are gguf-py's GGMLQuantizationType
-    values for the types gguf_blocks decodes: a change on one side alone fails here."""
-    import re
-
-    text = native_linear.HEADER.read_text()
-    enum = dict(re.findall(r"VERISPEC_(\w+) = (\d+),", text))
-    formats = {name: int(v) for name, v in enum.items() if not name.startswith("GGML_")}
-    assert formats == {f.name: f.value for f in native_linear.WeightFormat}
-    ggml = {
-        name.removeprefix("GGML_"): int(v) for name, v in enum.items() if name.startswith("GGML_")
-    }
-    assert ggml == {t.name: t.value for t in CODED_TYPES}  # blocks.c's types: gguf-py's numbers
-    [abi] = re.findall(r"#define VERISPEC_ABI_VERSION (\d+)", text)
-    assert int(abi) == native_linear.ABI_VERSION
-
-
-@pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel here")
-def test_an_abi_mismatch_is_refused_loudly(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory
-) -> None:
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(native_linear, "ABI_VERSION", native_linear.ABI_VERSION + 1)
-    result = native_linear._load()
-    assert isinstance(result, NativeUnavailable)
-    assert "reports ABI" in result.reason and "disagree" in result.reason
-
-
-def q4_k_super_codes(rows: int, supers: int, seed: int) -> native_linear.AffineCodes:
+def q4_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
     """Q4_K-style codes with their SuperScales: d = d16 * sc, m = negmin * mn per 32 columns
     (sc, mn 6-bit; d16, negmin float16 per 256 columns), q in 0..15."""
     g = torch.Generator().manual_seed(seed)
@@ -642,16 +572,16 @@ def q4_k_super_codes(rows: int, supers: int, seed: int) -> native_linear.AffineC
     d = d16.float().repeat_interleave(8, 1) * sub_d.float()
     m = negmin.float().repeat_interleave(8, 1) * sub_m.float()
     q = torch.randint(0, 16, (rows, supers * 256), generator=g, dtype=torch.int8)
-    factors = native_linear.SuperScales(d16, negmin, sub_d, sub_m)
-    return native_linear.AffineCodes(q, d, m, super_scales=factors)
+    factors = packing.SuperScales(d16, negmin, sub_d, sub_m)
+    return packing.AffineCodes(q, d, m, super_scales=factors)
 
 
 def test_super_scales_layout_worked_example() -> None:
     """Kind 12's scales [N'/16, K/256, 320]: d16 and negmin of the block's 16 rows, then each
     chunk's sub_d and sub_m of the 16 rows (0.578 bytes a weight with the codes)."""
     codes = q4_k_super_codes(37, 2, 3)
-    packed, scales = native_linear.pack_codes(codes)
-    assert native_linear.kind_of(packed, scales) == 12
+    packed, scales = packing.pack_codes(codes)
+    assert packing.kind_of(packed, scales) == 12
     assert scales.shape == (3, 2, 320) and scales.dtype == torch.uint8
     f = codes.super_scales
     assert f is not None
@@ -669,18 +599,18 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
     """Kinds 12 and 13 widen their stored factors into kind 7's and 10's float32 d and m, so
     they give those kinds' products bit for bit, on every kernel and row count."""
     codes = q4_k_super_codes(out, 2, out)
-    plain = native_linear.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
-    for packer, kinds in ((native_linear.pack_codes, (12, 7)),
-                        (native_linear.pack_codes_a8, (13, 10))):  # fmt: skip
+    plain = packing.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
+    for packer, kinds in ((packing.pack_codes, (12, 7)),
+                        (packing.pack_codes_a8, (13, 10))):  # fmt: skip
         stored, stored_scales = packer(codes)
         wide, wide_scales = packer(plain)
-        assert (native_linear.kind_of(stored, stored_scales),
-                native_linear.kind_of(wide, wide_scales)) == kinds  # fmt: skip
+        assert (packing.kind_of(stored, stored_scales),
+                packing.kind_of(wide, wide_scales)) == kinds  # fmt: skip
         assert torch.equal(stored, wide)
         x = torch.randn(40, 512, generator=torch.Generator().manual_seed(out))
         bias = torch.randn(out)
         for kernel in kernels():
             for rows in ROW_COUNTS:
-                got = native_linear._product(kernel, x[:rows], stored, bias, out, stored_scales)
-                want = native_linear._product(kernel, x[:rows], wide, bias, out, wide_scales)
+                got = product._product(kernel, x[:rows], stored, bias, out, stored_scales)
+                want = product._product(kernel, x[:rows], wide, bias, out, wide_scales)
                 assert torch.equal(got, want), (kinds, kernel.isa_name, rows)

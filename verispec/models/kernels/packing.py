@@ -1,201 +1,22 @@
-"""The native linear kernel: a small C library (native/linear.c) built once with the system's
-C compiler and called through ctypes, for the few-row products of decode and verify steps.
-
-Why: on a 2-core CPU a decode step is bound by streaming the weights, and torch's kernels read
-float32 weights at about 0.9 and float16 ones at about 0.6 of what a plain `torch.sum` reads.
-This kernel reads a packed copy front to back, 16 weight rows at a time, in the fewest bytes
-that hold every value exactly (8-bit affine codes for weights dequantized from GGUF blocks,
-float16, or float32), near the read bandwidth (benchmarks/README.md, `linear_kernels.py`).
-Its results are also row-invariant: a row of a verify step is bit-for-bit the decode step of
-the same input, so the batch-invariant mode needs no row-by-row products.
-
-The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
-without a compiler or a CPU with AVX2, F16C and FMA, `native_kernel()` says why and the
-linear layers use torch's kernels instead.
+"""Weights in the native kernel's layouts: float weights packed in blocks of 16 rows (`pack`),
+GGUF-style affine codes (AffineCodes, SuperScales; `affine_codes` finds them in float32
+weights) packed in the fewest bytes that hold them (`pack_codes`, `pack_codes_a8`), the packed
+weights of a model copied in order into one arena of huge pages (`into_arena`), and the
+WeightFormat a packed weight has (`kind_of`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum
-from pathlib import Path
 
 import torch
 
-from verispec.paths import cache_dir
+from verispec.models.kernels import build
+from verispec.models.kernels.ffi import WeightFormat, madvise, release_freed_memory
 
-HEADER = Path(__file__).with_name("native") / "verispec.h"
-"""The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
-SOURCES = tuple(Path(__file__).with_name("native") / name
-                for name in ("linear.c", "layer.c", "blocks.c"))  # fmt: skip
-"""Built together into one library: the products (linear.c), the decoder layer's other work
-(layer.c, used by native_layer.py), and a GGUF file's blocks decoded and packed as codes
-(blocks.c, for loading)."""
 ROWS = 16
 """Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
-CHUNK_ROWS = 128
-"""Rows of x per kernel pass (linear.c's CHUNK_ROWS): every weight block re-reads the pass's
-rows, which must stay in the core's cache (512-row prefill chunks ran 1.2x faster split in
-four; rows are independent, so splitting changes no result)."""
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
-LIBS = ("-lm",)
-
-_ISA_NAMES = {1: "avx2", 2: "avx512"}
-log = logging.getLogger("verispec")
-
-
-ABI_VERSION = 3
-"""verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
-
-
-class WeightFormat(IntEnum):
-    """What a packed weight holds: verispec.h's enum verispec_weight_format, name for name
-    (VERISPEC_Q4_F32_DM is Q4_F32_DM here); `kind_of` tells a packed weight's format."""
-
-    F32 = 0
-    F16 = 1
-    Q8_F32_DM = 2
-    Q8_A8 = 3
-    Q4_F16_DM = 4
-    Q8_F16_D = 5
-    Q4_A8 = 6
-    Q4_F32_DM = 7
-    Q8_F32_DM_HALVES = 8
-    Q8_F32_D_HALVES = 9
-    Q4_F32_A8 = 10
-    Q8_F32_A8 = 11
-    Q4_SUPER_DM = 12
-    Q4_SUPER_A8 = 13
-
-
-@dataclass(frozen=True)
-class NativeKernel:
-    """The loaded library and the instruction set it runs with on this CPU."""
-
-    lib: ctypes.CDLL
-    isa: int
-    """2 = AVX-512, 1 = AVX2 + F16C + FMA."""
-    vnni: bool = False
-    """8-bit products ("a8", "w8a8") run on AVX-512 VNNI here, not the portable loop."""
-
-    @property
-    def isa_name(self) -> str:
-        return _ISA_NAMES[self.isa]
-
-
-@dataclass(frozen=True)
-class NativeUnavailable:
-    """Why the native kernel cannot run here (no compiler, a failed build, an old CPU)."""
-
-    reason: str
-
-
-def _compiler() -> str | None:
-    """$CC when set, else the first of cc, gcc, clang on PATH."""
-    if os.environ.get("CC"):
-        return os.environ["CC"]
-    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-
-
-def library_path(compiler: str) -> Path:
-    """Where the built library is cached: named by a hash of the source, flags and compiler."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, HEADER)))
-    key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
-    return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
-
-
-def build(compiler: str, target: Path) -> None:
-    """Compile the sources into target (atomically: concurrent builds never see half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        done = subprocess.run(
-            [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), *LIBS],
-            capture_output=True, text=True, timeout=120,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.strip()[-2000:] or f"{compiler} failed")
-        os.replace(out, target)
-
-
-@functools.cache
-def native_kernel() -> NativeKernel | NativeUnavailable:
-    """The native kernel, built and loaded once per process, or why it cannot be (logged once
-    as a warning: linear layers then run torch's kernels, slower on Intel CPUs).
-
-    Set VERISPEC_NATIVE_LINEAR=0 to turn it off (linear_backend="auto" then picks among torch's
-    kernels as before).
-    """
-    if os.environ.get("VERISPEC_NATIVE_LINEAR", "1") == "0":
-        return NativeUnavailable("turned off by VERISPEC_NATIVE_LINEAR=0")
-    result = _load()
-    if isinstance(result, NativeUnavailable):
-        log.warning("the native linear kernel cannot run here (%s); using torch's kernels",
-                    result.reason)  # fmt: skip
-    return result
-
-
-def _load() -> NativeKernel | NativeUnavailable:
-    """Build (when not cached) and load the library, and check the CPU."""
-    compiler = _compiler()
-    if compiler is None:
-        return NativeUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
-    path = library_path(compiler)
-    try:
-        if not path.exists():
-            build(compiler, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        names = " and ".join(source.name for source in SOURCES)
-        return NativeUnavailable(f"building {names} with {compiler} failed: {error}")
-    if not hasattr(lib, "verispec_abi_version") or lib.verispec_abi_version() != ABI_VERSION:
-        try:  # a library from other sources under this name: rebuild it, never misread it
-            build(compiler, path)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            return NativeUnavailable(f"rebuilding the native library failed: {error}")
-        if lib.verispec_abi_version() != ABI_VERSION:
-            return NativeUnavailable(
-                f"the native library reports ABI {lib.verispec_abi_version()}, verispec "
-                f"expects {ABI_VERSION} (native/verispec.h and native_linear.py disagree)"
-            )
-    isa = lib.verispec_linear_isa()
-    if isa not in _ISA_NAMES:
-        return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
-                                    size, ctypes.c_int]  # fmt: skip
-    lib.verispec_linear.restype = None
-    lib.verispec_block_codes.argtypes = [ctypes.c_int, *[pointer] * 1, size, *[pointer] * 3,
-                                         ctypes.c_int]  # fmt: skip
-    lib.verispec_block_codes.restype = ctypes.c_int
-    lib.verispec_pack_codes.argtypes = [pointer, size, size, ctypes.c_int, pointer, ctypes.c_int]
-    lib.verispec_pack_codes.restype = None
-    lib.verispec_q4_k_super.argtypes = [pointer, size, *[pointer] * 4, ctypes.c_int]
-    lib.verispec_q4_k_super.restype = None
-    _declare_layer_functions(lib)
-    return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
-
-
-def _declare_layer_functions(lib: ctypes.CDLL) -> None:
-    """Argument types of layer.c's entry point (see native_layer.py)."""
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 11, *[i64] * 6,
-                                           ctypes.c_float, ctypes.c_int, p, p, i64,
-                                           p]  # fmt: skip
-    lib.verispec_decoder_stack.restype = None
-    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 8,
-                                          *[i64] * 7, ctypes.c_float, ctypes.c_int, p]  # fmt: skip
-    lib.verispec_greedy_steps.restype = None
 
 
 def _padded(n: int) -> int:
@@ -259,29 +80,9 @@ def into_arena(packed: list[torch.Tensor]) -> list[torch.Tensor]:
     return views
 
 
-def release_freed_memory() -> None:
-    """Hand freed heap memory back to the system (glibc's malloc_trim): without it, memory a
-    load frees (decoded blocks, packing copies) stays in the process and adds to its peak."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the memory is reused, only not returned
-        pass
-
-
 def _advise_huge_pages(address: int, size: int) -> None:
     """madvise(MADV_HUGEPAGE) over [address, address + size), before the pages are touched."""
     madvise(address, size, MADV_HUGEPAGE)  # a refusal only costs speed
-
-
-def madvise(address: int, size: int, advice: int) -> None:
-    """Linux's madvise over [address, address + size); where it is missing or refused, nothing
-    (every advice given here only costs speed or memory when ignored)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(address, size, advice)
-    except (OSError, AttributeError):
-        pass
 
 
 CODE_COLUMNS = 32
@@ -490,8 +291,8 @@ def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
     else the same bytes by torch's reshapes."""
     n, k = q.shape
     rows = _padded(n)
-    kernel = native_kernel()
-    if isinstance(kernel, NativeKernel):
+    kernel = build.native_kernel()
+    if isinstance(kernel, build.NativeKernel):
         q = q.contiguous()
         shape = (rows // ROWS, k // CODE_COLUMNS, 4, ROWS, 4) if nibbles else (
             rows // ROWS, k // CODE_COLUMNS, ROWS, CODE_COLUMNS)  # fmt: skip
@@ -576,45 +377,6 @@ def packed_columns(packed: torch.Tensor) -> int:
     return packed.shape[1] * (CODE_COLUMNS if coded else packed.shape[3])
 
 
-def product(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x [T, K] float32 -> x W^T + b [T, N] with W packed by `pack`, or by `pack_codes` (then
-    packed holds the codes and scales their d and m); the kernel is loaded where these exist.
-
-    Under torch.compile the call goes through the operator `verispec::native_linear`, which the
-    compiler keeps as one opaque call; eager calls skip the operator's dispatch cost.
-    """
-    if torch.compiler.is_compiling():
-        return native_linear_op(x, packed, bias, out_features, scales)
-    return _product(loaded(), x, packed, bias, out_features, scales)
-
-
-def loaded() -> NativeKernel:
-    """The kernel, for callers that hold packed weights (which exist only where it loaded)."""
-    kernel = native_kernel()
-    assert isinstance(kernel, NativeKernel), "packed weights exist only where the kernel loaded"
-    return kernel
-
-
-def _product(
-    kernel: NativeKernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-    out_features: int, scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    columns = packed_columns(packed)  # K'
-    x = x.contiguous()
-    if x.shape[1] != columns:
-        x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
-    rows = x.shape[0]
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    kernel.lib.verispec_linear(kernel.isa, kind_of(packed, scales), x.data_ptr(),
-                               packed.data_ptr(), None if scales is None else scales.data_ptr(),
-                               None if bias is None else bias.data_ptr(), y.data_ptr(), rows,
-                               out_features, columns, torch.get_num_threads())  # fmt: skip
-    return y
-
-
 def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
     """The WeightFormat of a packed weight, from what the packers return: codes times 8-bit
     activations (uint8, `pack_codes_a8`) Q8_A8 for 8-bit codes [B, C, 8, 16, 4], Q4_A8 for
@@ -640,21 +402,3 @@ def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
             return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
         return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM
     return f.F16 if packed.dtype == torch.float16 else f.F32
-
-
-@torch.library.custom_op("verispec::native_linear", mutates_args=())
-def native_linear_op(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`product` as an operator torch.compile can place in a graph."""
-    return _product(loaded(), x, packed, bias, out_features, scales)
-
-
-@native_linear_op.register_fake
-def _fake(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The operator's output shape, for the compiler's tracing."""
-    return x.new_empty(x.shape[0], out_features)
