@@ -33,7 +33,7 @@ from verispec.models.default import embedded_model_path
 from verispec.models.hub import pull
 from verispec.models.kernels.linear import BACKENDS
 from verispec.models.kernels.native_layer import can_step_greedily
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 
 MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),

@@ -22,7 +22,7 @@ from verispec.drafters.registry import (
     method_names,
 )
 from verispec.models.default import HEADS_DIR, embedded_model_path
-from verispec.models.loader import resolve_head_path
+from verispec.models.weights.loader import resolve_head_path
 from verispec.train.tokenizer import save_tokenizer
 
 

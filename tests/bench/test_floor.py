@@ -16,7 +16,7 @@ from verispec.bench.floor import (
     read_bandwidth,
 )
 from verispec.models.kernels.linear import Linear, fp16_kernel_available
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 
 
 def weight(fp16_values: bool) -> torch.Tensor:

@@ -18,8 +18,8 @@ from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import ARCHITECTURE, EagleConfig, load_eagle_head, save_eagle_head
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model, resolve_head_path
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model, resolve_head_path
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle
 

@@ -60,7 +60,7 @@ def bench_model(name: str | None, role: str, flag: str) -> Path:
     """A model to benchmark: a checkpoint directory, a .gguf file, or a named model (fetched
     once into verispec's cache); None = the embedded model of that role (target or draft)."""
     from verispec.models.default import embedded_model_path
-    from verispec.models.loader import resolve_model_path
+    from verispec.models.weights.loader import resolve_model_path
 
     if name is None:
         return embedded_model_path(role)
@@ -72,7 +72,7 @@ def bench_model(name: str | None, role: str, flag: str) -> Path:
 
 def bench_head(name: str, flag: str) -> Path:
     """A drafter head directory (or a named head) for a head method; errors name the flag."""
-    from verispec.models.loader import resolve_head_path
+    from verispec.models.weights.loader import resolve_head_path
 
     try:
         return resolve_head_path(name)

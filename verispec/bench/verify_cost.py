@@ -21,8 +21,8 @@ from verispec.bench.engines import BatchRun
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.linear import choose_backend
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import build_model, load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import build_model, load_model
 from verispec.paths import cache_dir
 
 QS = (1, 2, 4, 8, 16)

@@ -13,8 +13,8 @@ from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
 from verispec.models.kernels.quantization import draft_quantization
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model, resolve_model_path
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.request import Request, all_greedy
 from verispec.tokenizer import Tokenizer
 

@@ -16,8 +16,8 @@ from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import load_eagle_head
 from verispec.models.kernels.linear import choose_backend
 from verispec.models.kernels.quantization import AUTO_DRAFT
-from verispec.models.loader import resolve_head_path
 from verispec.models.medusa import load_medusa_heads
+from verispec.models.weights.loader import resolve_head_path
 
 if TYPE_CHECKING:  # annotations only: config imports this module, never the reverse at run time
     from verispec.config import SpecConfig

@@ -20,7 +20,7 @@ from conftest import make_checkpoint
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 
 from ..harness import Runner, assert_runs_match, random_ids
 

@@ -16,7 +16,7 @@ from verispec.models.kernels import native_layer
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.native_layer import can_fold_head, can_step_greedily, greedy_steps
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 from verispec.sample.sampler import argmax_rows
 
 from ..harness import Runner, assert_runs_match, random_ids, run_shapes

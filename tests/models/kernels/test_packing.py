@@ -539,7 +539,7 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     from conftest import make_checkpoint
 
     from verispec.models.kernels.native_layer import NativeStack
-    from verispec.models.loader import load_model
+    from verispec.models.weights.loader import load_model
 
     from ..harness import Runner, assert_runs_match
 

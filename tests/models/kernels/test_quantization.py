@@ -24,7 +24,7 @@ from verispec.models.kernels.quantization import (
     round_to_fp16,
     round_to_q8_0,
 )
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 
 from ..harness import Runner, hf_logits, random_ids
 

@@ -17,13 +17,13 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from verispec import LLM, SamplingParams
-from verispec.models.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
 from verispec.models.kernels.linear import native_usable
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model, resolve_model_path
+from verispec.models.weights.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
+from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.tokenizer import Tokenizer
 
-from .harness import Runner, hf_logits, random_ids
+from ..harness import Runner, hf_logits, random_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

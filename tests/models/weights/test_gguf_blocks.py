@@ -11,12 +11,12 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GGML
 from gguf.quants import dequantize
 
-from verispec.models import gguf_blocks
-from verispec.models.gguf_blocks import CODED_TYPES, block_codes, regrouped, stacked
 from verispec.models.kernels import build, packing
 from verispec.models.kernels import linear as linear_module
 from verispec.models.kernels.linear import Linear, native_usable, pack_codes_by_rows
 from verispec.models.kernels.packing import dequantize_codes
+from verispec.models.weights import gguf_blocks
+from verispec.models.weights.gguf_blocks import CODED_TYPES, block_codes, regrouped, stacked
 
 needs_native = pytest.mark.skipif(not native_usable(), reason="the native kernel cannot run here")
 ROWS, COLUMNS = 37, 512  # 37: no multiple of the kernel's 16-row blocks

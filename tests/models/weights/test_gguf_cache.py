@@ -14,15 +14,15 @@ import torch
 from conftest import CORPUS, make_checkpoint
 from transformers import PreTrainedModel
 
-from verispec.models import gguf_cache
 from verispec.models.config import ModelConfig
-from verispec.models.gguf import read_gguf
-from verispec.models.gguf_cache import cached_checkpoint, gguf_cache_root, write_entry
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
+from verispec.models.weights import gguf_cache
+from verispec.models.weights.gguf import read_gguf
+from verispec.models.weights.gguf_cache import cached_checkpoint, gguf_cache_root, write_entry
+from verispec.models.weights.loader import load_model
 from verispec.tokenizer import Tokenizer
 
-from .harness import Runner, random_ids
+from ..harness import Runner, random_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

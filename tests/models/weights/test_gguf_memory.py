@@ -23,7 +23,7 @@ HIDDEN, FFN, LAYERS, VOCAB = 1024, 4096, 16, 320
 CHILD = """
 import json, resource, sys, torch
 from pathlib import Path
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 torch.set_num_threads(1)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 model = load_model(Path(sys.argv[1]), torch.float32, torch.device("cpu"))

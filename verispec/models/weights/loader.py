@@ -12,16 +12,6 @@ from tqdm import tqdm
 
 from verispec.models.config import ModelConfig
 from verispec.models.default import shipped_head
-from verispec.models.gguf import (
-    BlockEmbedding,
-    GGUFWeights,
-    Weight,
-    gguf_weights,
-    is_gguf,
-    read_gguf,
-)
-from verispec.models.gguf_blocks import stacked
-from verispec.models.gguf_cache import cached_description
 from verispec.models.hub import named_model_path
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.ffi import release_freed_memory
@@ -29,6 +19,16 @@ from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend
 from verispec.models.kernels.packing import AffineCodes
 from verispec.models.kernels.quantization import check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
+from verispec.models.weights.gguf import (
+    BlockEmbedding,
+    GGUFWeights,
+    Weight,
+    gguf_weights,
+    is_gguf,
+    read_gguf,
+)
+from verispec.models.weights.gguf_blocks import stacked
+from verispec.models.weights.gguf_cache import cached_description
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]

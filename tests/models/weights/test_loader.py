@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from verispec.models.kernels.linear import choose_backend
-from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
+from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 
-from .harness import Runner, native_model, random_ids
+from ..harness import Runner, native_model, random_ids
 
 CPU = torch.device("cpu")
 
