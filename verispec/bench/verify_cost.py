@@ -209,7 +209,7 @@ def random_llama_125m(dtype: str = "float32") -> Path:
 
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
 
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")

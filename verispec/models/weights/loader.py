@@ -10,9 +10,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from verispec.models.catalog.default import shipped_head
+from verispec.models.catalog.hub import named_model_path
 from verispec.models.config import ModelConfig
-from verispec.models.default import shipped_head
-from verispec.models.hub import named_model_path
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.ffi import release_freed_memory
 from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
@@ -57,7 +57,7 @@ def check_tokenizer_files(path: Path) -> None:
 
 def resolve_model_path(model: str | Path) -> Path:
     """The checkpoint to load: a Hugging Face directory, a .gguf file (or a directory holding
-    exactly one and no config.json), a named model (models/hub.py: fetched once into the
+    exactly one and no config.json), a named model (models/catalog/hub.py: fetched once into the
     cache), or a hub id fetched with huggingface_hub (online only).
 
     Also checks that a directory has tokenizer files, so a missing tokenizer is reported before
@@ -87,7 +87,7 @@ def resolve_model_path(model: str | Path) -> Path:
 
 def resolve_head_path(head: str | Path) -> Path:
     """A drafter head's directory (config.json and *.safetensors, no tokenizer of its own):
-    a local directory, a named head shipped with verispec (models/hub.py), or a hub id."""
+    a local directory, a named head shipped with verispec (models/catalog/hub.py), or a hub id."""
     text = str(head)
     if not text:
         raise ValueError("a drafter head must be a directory or a name, got an empty string")

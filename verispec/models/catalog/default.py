@@ -1,5 +1,5 @@
 """The embedded models: a small Python-code Llama and its distilled draft (named
-`embedded-code` and `embedded-code-draft` in verispec/models/hub.py).
+`embedded-code` and `embedded-code-draft` in verispec/models/catalog/hub.py).
 
 Both were trained by `verispec train all` on the Python standard library (see
 `verispec/models/embedded/MODEL_CARD.md`) and ship inside the package as fp16 safetensors, so
@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
+"""verispec/models/embedded/: the pair's files stay beside the model code, not in catalog/."""
 EMBEDDED_MODELS = ("target", "draft")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from verispec.models.default import embedded_model_path
+from verispec.models.catalog.default import embedded_model_path
 from verispec.paths import cache_dir
 
 CHUNK_BYTES = 1 << 20

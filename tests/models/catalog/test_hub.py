@@ -10,9 +10,9 @@ from types import MappingProxyType
 
 import pytest
 
-from verispec.models import hub
-from verispec.models.default import embedded_model_path
-from verispec.models.hub import NamedModel, WheelFile
+from verispec.models.catalog import hub
+from verispec.models.catalog.default import embedded_model_path
+from verispec.models.catalog.hub import NamedModel, WheelFile
 
 CONTENT = b"GGUF fake weights " * 1000
 FAKE = WheelFile(
