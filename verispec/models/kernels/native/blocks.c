@@ -1,5 +1,5 @@
 /* GGUF blocks as affine codes, and affine codes into the kernel's packed layout: the two steps
- * of loading a quantized file (weights/gguf_blocks.py and native_linear.pack_codes hold the
+ * of loading a quantized file (weights/gguf_blocks.py and kernels/packing.py's pack_codes hold the
  * same algorithms in numpy and torch, the reference these are tested against bit for bit).
  *
  * verispec_block_codes: n blocks of one GGML type, as the file stores them one after another,

@@ -223,7 +223,7 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 /* Codes layout for W [N, K] (N padded to 16, K to 32): codes[b][c][j][l] = q of W[16 b + j,
  * 32 c + l] (int8), scales[b][c][0][j] = d and scales[b][c][1][j] = m of that row's 32 columns
- * (float32). fma(d, q, m) is d * q + m rounded once; the packer (native_linear.affine_codes)
+ * (float32). fma(d, q, m) is d * q + m rounded once; the packer (packing.affine_codes)
  * only uses codes where d * q is exact in float32 and the result equals the weight bit for bit,
  * so this reads the very same weights in 1.25 bytes each (GGUF Q4_1 and Q8_0 blocks dequantized
  * to float32 are of this form). Per output: one accumulator, each 32-column chunk added as its
@@ -959,7 +959,7 @@ static int has_vnni(void) {
 }
 
 /* 1 where kind 3's products run on vpdpbusd (isa 2 and AVX-512 VNNI), else 0 (the portable
- * loop, much slower: native_linear.NativeKernel.vnni). */
+ * loop, much slower: build.NativeKernel.vnni). */
 int verispec_linear_vnni(void) { return has_vnni(); }
 
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with

@@ -1,5 +1,5 @@
 /* The boundary between verispec's Python code and its native library: the weight formats a
- * packed weight holds (mirrored, name for name, by native_linear.WeightFormat), the ABI version
+ * packed weight holds (mirrored, name for name, by ffi.WeightFormat), the ABI version
  * checked at load, and the products' entry point. */
 #ifndef VERISPEC_H
 #define VERISPEC_H
@@ -10,7 +10,7 @@
  * other sources is rebuilt, never misread. */
 #define VERISPEC_ABI_VERSION 3
 
-/* What a packed weight holds (native_linear.py's packers lay each one out). */
+/* What a packed weight holds (packing.py's packers lay each one out). */
 enum verispec_weight_format {
   VERISPEC_F32 = 0,               /* float32 values */
   VERISPEC_F16 = 1,               /* float16 values */
