@@ -29,11 +29,11 @@ from verispec.bench.floor import (
     read_bandwidth,
 )
 from verispec.bench.main import print_settings, run_facts
-from verispec.models.default import embedded_model_path
-from verispec.models.hub import pull
-from verispec.models.linear import BACKENDS
-from verispec.models.loader import load_model
-from verispec.models.native_layer import can_step_greedily
+from verispec.models.catalog.default import embedded_model_path
+from verispec.models.catalog.hub import pull
+from verispec.models.kernels.linear import BACKENDS
+from verispec.models.kernels.native_layer import can_step_greedily
+from verispec.models.weights.loader import load_model
 
 MODELS = {  # label -> (path getter, quantization)
     "smollm2-fp32": (lambda: pull("smollm2-135m-instruct"), None),

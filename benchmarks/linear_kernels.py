@@ -20,14 +20,14 @@ import torch
 
 from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.models import native_linear
-from verispec.models.linear import (
+from verispec.models.kernels import packing
+from verispec.models.kernels.build import NativeKernel, native_kernel
+from verispec.models.kernels.linear import (
     Linear,
     fp16_kernel_available,
     onednn_available,
     pack_together,
 )
-from verispec.models.native_linear import NativeKernel, native_kernel
 
 SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
     "llama-125m": [(2304, 768), (768, 768), (6144, 768), (768, 3072)],
@@ -75,7 +75,7 @@ def make_linear(kernel: str, weight: torch.Tensor) -> Linear:
         return Linear(weight, None, "auto", quantization="int8")
     linear = Linear(weight, None, "native" if kernel == "native-fp32" else kernel)
     if kernel == "native-fp32":
-        linear.weight = native_linear.pack(weight, torch.float32)
+        linear.weight = packing.pack(weight, torch.float32)
     return linear
 
 

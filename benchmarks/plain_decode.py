@@ -48,7 +48,7 @@ def resolve_model(name: str) -> Path:
     if name == RANDOM_125M_FP16:
         return random_llama_125m("float16")
     if name == "embedded":
-        from verispec.models.default import embedded_model_path
+        from verispec.models.catalog.default import embedded_model_path
 
         return embedded_model_path("target")
     path = Path(name).expanduser()

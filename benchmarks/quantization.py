@@ -48,7 +48,7 @@ def main() -> None:
     from verispec.bench.report import write_json
     from verispec.bench.workloads import WORKLOADS
     from verispec.metrics import SpecStats
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]

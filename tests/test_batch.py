@@ -13,7 +13,7 @@ from verispec.batch import ForwardBatch, SeqChunk
 from verispec.models import attention
 from verispec.models.attention import LONG_QUERY, AttentionLayout
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 
 BLOCK_SIZE = 4
 

@@ -21,8 +21,8 @@ from verispec.drafters.registry import (
     PLAIN,
     method_names,
 )
-from verispec.models.default import HEADS_DIR, embedded_model_path
-from verispec.models.loader import resolve_head_path
+from verispec.models.catalog.default import HEADS_DIR, embedded_model_path
+from verispec.models.weights.loader import resolve_head_path
 from verispec.train.tokenizer import save_tokenizer
 
 

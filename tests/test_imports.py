@@ -95,10 +95,69 @@ def test_the_package_has_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+MODEL_LAYERS = {
+    "paths": ("verispec.paths",),
+    "basics": ("verispec.models.config", "verispec.models.rope", "verispec.models.attention",
+               "verispec.models.head_files"),
+    "kernels": ("verispec.models.kernels",),
+    "catalog": ("verispec.models.catalog",),
+    "readers": ("verispec.models.weights.gguf", "verispec.models.weights.gguf_blocks",
+                "verispec.models.weights.gguf_cache"),
+    "model": ("verispec.models.llama", "verispec.models.eagle", "verispec.models.medusa",
+              "verispec.models.paged"),
+    "loader": ("verispec.models.weights.loader",),
+}  # fmt: skip
+"""The sub-layers of `models` (docs/design.md, section 2), each a list of modules or packages."""
+MAY_IMPORT = {
+    "paths": set(),
+    "basics": set(),
+    "kernels": {"paths", "basics"},
+    "catalog": {"paths"},
+    "readers": {"paths", "basics", "kernels"},
+    "model": {"basics", "kernels"},
+    "loader": {"paths", "basics", "kernels", "catalog", "readers", "model"},
+}
+"""The layers each layer's modules may import besides their own."""
+OUTSIDE_MODELS = ("verispec.batch", "verispec.kv", "verispec.paths")
+"""All that `models` imports of the rest of verispec."""
+
+
+def model_layer(module: str) -> str | None:
+    """The MODEL_LAYERS layer module belongs to, or None."""
+    for layer, members in MODEL_LAYERS.items():
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return layer
+    return None
+
+
+def test_the_models_sub_layers_import_only_downward() -> None:
+    problems = []
+    for name, path in MODULES.items():
+        if not name.startswith("verispec.models") and name != "verispec.paths":
+            continue
+        imports = imported_modules(name)
+        layer = model_layer(name)
+        if layer is None:
+            if path.name == "__init__.py" and not imports:
+                continue  # a package's docstring: nothing to place
+            problems.append(f"{name} is in no layer of MODEL_LAYERS")
+            continue
+        for imported in sorted(imports):
+            if imported.startswith("verispec.models") or imported == "verispec.paths":
+                other = model_layer(imported)
+                if other != layer and other not in MAY_IMPORT[layer]:
+                    problems.append(f"{name} ({layer}) imports {imported} ({other})")
+            elif not imported.startswith(OUTSIDE_MODELS):
+                problems.append(f"{name} imports {imported}, outside {OUTSIDE_MODELS}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize(
     "module",
     ["verispec.drafters", "verispec.drafters.registry", "verispec.request", "verispec.config",
-     "verispec.engine", "verispec.train.recipe", "verispec.bench.workloads"],
+     "verispec.engine", "verispec.train.recipe", "verispec.bench.workloads", "verispec.paths",
+     "verispec.models.kernels.linear", "verispec.models.weights.loader",
+     "verispec.models.catalog.hub"],
 )  # fmt: skip
 def test_each_part_imports_first_in_a_fresh_interpreter(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,

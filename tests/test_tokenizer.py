@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from verispec.models.loader import check_tokenizer_files
+from verispec.models.weights.loader import check_tokenizer_files
 from verispec.tokenizer import Tokenizer
 
 

@@ -13,8 +13,8 @@ from verispec.bench.harness import ENGINES
 from verispec.cli_options import acceptance_line, add_model_options, load_llm, sampling_params
 from verispec.cli_verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
-from verispec.models.hub import model_names, pull
-from verispec.models.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
+from verispec.models.catalog.hub import model_names, pull
+from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
 
 EXIT_BAD_INPUT = 2
 

@@ -13,7 +13,7 @@ from verispec.chat import check_text
 from verispec.config import SpecConfig, default_speculative, own_speculative
 from verispec.drafters.registry import PLAIN, method_names, takes_model
 from verispec.metrics import SpecStats
-from verispec.models.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
+from verispec.models.kernels.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
 from verispec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

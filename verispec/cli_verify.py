@@ -216,7 +216,7 @@ def _load(args: argparse.Namespace, spec: SpecConfig, mode: str) -> LLM:
 def _local_settings(
     args: argparse.Namespace, llm: LLM, spec: SpecConfig, note: str | None
 ) -> dict[str, Any]:
-    from verispec.models.hub import DEFAULT_MODEL
+    from verispec.models.catalog.hub import DEFAULT_MODEL
 
     engine = llm.engine
     settings = {

@@ -8,11 +8,11 @@ from typing import Literal
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD, method
 from verispec.drafters.self_draft import check_skip_option
 from verispec.drafters.suffix import SuffixConfig
-from verispec.models.compiled import check_compile
-from verispec.models.default import shipped_head
-from verispec.models.hub import DEFAULT_MODEL, NAMED_MODELS
-from verispec.models.linear import LinearBackend
-from verispec.models.quantization import AUTO_DRAFT, check_quantization
+from verispec.models.catalog.default import shipped_head
+from verispec.models.catalog.hub import DEFAULT_MODEL, NAMED_MODELS
+from verispec.models.kernels.compiled import check_compile
+from verispec.models.kernels.linear import LinearBackend
+from verispec.models.kernels.quantization import AUTO_DRAFT, check_quantization
 
 MAX_SPECULATIVE_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -41,7 +41,7 @@ class EngineConfig:
     """Everything the engine needs besides the requests."""
 
     model: str | None = None
-    """Checkpoint directory, .gguf file, named model (verispec/models/hub.py) or hub id;
+    """Checkpoint directory, .gguf file, named model (verispec/models/catalog/hub.py) or hub id;
     None = the default model (SmolLM2-135M-Instruct, fetched once)."""
     dtype: str = "auto"
     """auto (float32 on CPU, bfloat16 on GPU), float32, float16 or bfloat16."""

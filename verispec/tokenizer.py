@@ -7,14 +7,14 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from verispec.models.gguf import is_gguf
-from verispec.models.gguf_cache import cached_checkpoint, cached_tokenizer, gguf_tokenizer
+from verispec.models.weights.gguf import is_gguf
+from verispec.models.weights.gguf_cache import cached_checkpoint, cached_tokenizer, gguf_tokenizer
 
 
 class Tokenizer:
     """Thin wrapper over the checkpoint's Hugging Face tokenizer: tokenizer.json + config in a
     directory, or the vocabulary in a GGUF file's metadata (converted by transformers once,
-    then read from the file's cache entry: see models/gguf_cache.py)."""
+    then read from the file's cache entry: see models/weights/gguf_cache.py)."""
 
     def __init__(self, path: Path) -> None:
         checkpoint = cached_checkpoint(path) if is_gguf(path) else path

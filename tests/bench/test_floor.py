@@ -15,9 +15,9 @@ from verispec.bench.floor import (
     linear_bytes,
     read_bandwidth,
 )
-from verispec.models.linear import Linear, fp16_kernel_available, native_usable
-from verispec.models.loader import load_model
-from verispec.models.native_linear import AffineCodes, Q6Scales
+from verispec.models.kernels.linear import Linear, fp16_kernel_available, native_usable
+from verispec.models.kernels.packing import AffineCodes, Q6Scales
+from verispec.models.weights.loader import load_model
 
 
 def weight(fp16_values: bool) -> torch.Tensor:

@@ -20,7 +20,7 @@ from verispec.bench.verify_cost import (
 )
 from verispec.cli import build_parser, main
 from verispec.drafters.registry import PLAIN, method
-from verispec.models.quantization import draft_quantization
+from verispec.models.kernels.quantization import draft_quantization
 
 ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",

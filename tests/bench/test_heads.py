@@ -17,8 +17,8 @@ from verispec.bench.verify_cost import PassTimes, step_cost_ratio, step_predicte
 from verispec.cli import main
 from verispec.drafters.registry import PLAIN
 from verispec.models.eagle import EagleConfig, save_eagle_head
-from verispec.models.loader import load_model
 from verispec.models.medusa import MedusaConfig, save_medusa_heads
+from verispec.models.weights.loader import load_model
 from verispec.train.eagle import TrainableEagle
 from verispec.train.medusa import TrainableMedusa
 

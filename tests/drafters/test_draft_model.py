@@ -17,8 +17,8 @@ from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine import Engine
 from verispec.metrics import SpecStats
+from verispec.models.kernels.native_layer import can_step_greedily
 from verispec.models.llama import LlamaModel
-from verispec.models.native_layer import can_step_greedily
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.request import Request, Status
 from verispec.tokenizer import Tokenizer

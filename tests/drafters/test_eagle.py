@@ -27,8 +27,8 @@ from verispec.drafters.registry import HEAD_METHOD
 from verispec.engine.runner import ModelRunner
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import EagleConfig, save_eagle_head
-from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 from verispec.sample.tree import DraftTree

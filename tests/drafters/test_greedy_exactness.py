@@ -17,7 +17,7 @@ from conftest import CORPUS, SPEC_PAIRS, count_preemptions
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.engine.runner import ModelRunner
-from verispec.models.native_linear import NativeKernel, native_kernel
+from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 

@@ -16,9 +16,9 @@ from conftest import make_checkpoint
 
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.medusa import MedusaProposer, static_tree
-from verispec.models.loader import load_model
 from verispec.models.medusa import MedusaConfig, load_medusa_heads, save_medusa_heads
 from verispec.models.paged import PagedModel
+from verispec.models.weights.loader import load_model
 from verispec.train.distill import (
     extract_features,
     generate_responses,

@@ -49,8 +49,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import EagleConfig, save_eagle_head
-from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel
+from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
 from verispec.sample.logits import SamplingTensors, warp

@@ -11,7 +11,7 @@ import verispec
 from verispec import config as config_module
 from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES, default_speculative
 from verispec.drafters.registry import method_names, takes_model
-from verispec.models import default as default_models
+from verispec.models.catalog import default as default_models
 
 
 def test_public_import_and_defaults() -> None:

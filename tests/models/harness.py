@@ -11,8 +11,8 @@ from transformers import PreTrainedModel
 from verispec.batch import SeqChunk
 from verispec.kv import BlockTable
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model
 
 BACKENDS = ("torch", "onednn", "fp16")
 

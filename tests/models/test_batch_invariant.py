@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import make_checkpoint
 
-from verispec.models.linear import fp16_kernel_available, onednn_available
+from verispec.models.kernels.build import NativeKernel, native_kernel
+from verispec.models.kernels.linear import fp16_kernel_available, onednn_available
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
-from verispec.models.native_linear import NativeKernel, native_kernel
+from verispec.models.weights.loader import load_model
 
 from .harness import Runner, random_ids
 

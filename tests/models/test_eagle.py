@@ -16,10 +16,10 @@ from verispec import LLM, SpecConfig
 from verispec.batch import ForwardBatch
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import ARCHITECTURE, EagleConfig, load_eagle_head, save_eagle_head
+from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model, resolve_head_path
-from verispec.models.native_linear import NativeKernel, native_kernel
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model, resolve_head_path
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.models.hub import pull
+from verispec.models.catalog.hub import pull
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("VERISPEC_REAL_PAIR") != "1",

@@ -13,8 +13,8 @@ import torch
 from conftest import make_checkpoint
 
 from verispec import LLM, SamplingParams
-from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model
 from verispec.train.distill import (
     extract_features,
     generate_responses,

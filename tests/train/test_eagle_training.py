@@ -15,8 +15,8 @@ from verispec.batch import ForwardBatch
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.eagle import EagleConfig, EagleHead, load_eagle_head, save_eagle_head
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle, head_loss, soft_targets
 from verispec.train.head_recipe import HeadRecipe, batch_maker, evaluate_head, head_objective

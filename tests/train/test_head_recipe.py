@@ -15,7 +15,7 @@ from conftest import make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.cli import main
 from verispec.models.eagle import load_eagle_head
-from verispec.models.loader import load_model
+from verispec.models.weights.loader import load_model
 from verispec.train import head_recipe
 from verispec.train.head_recipe import (
     HeadRecipe,

@@ -17,9 +17,9 @@ from typing import cast
 import torch
 
 from verispec.bench.verify_cost import step_ms, verify_cost_curve
-from verispec.models.linear import Linear, exactly_fp16
+from verispec.models.kernels.linear import Linear, exactly_fp16
+from verispec.models.kernels.native_layer import greedy_steps
 from verispec.models.llama import LlamaModel
-from verispec.models.native_layer import greedy_steps
 from verispec.models.paged import PagedModel, append_chunk
 
 GIB = 2**30

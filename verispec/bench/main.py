@@ -28,7 +28,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
     import torch
 
-    from verispec.models.quantization import draft_quantization, from_draft_flag
+    from verispec.models.kernels.quantization import draft_quantization, from_draft_flag
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
@@ -59,8 +59,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 def bench_model(name: str | None, role: str, flag: str) -> Path:
     """A model to benchmark: a checkpoint directory, a .gguf file, or a named model (fetched
     once into verispec's cache); None = the embedded model of that role (target or draft)."""
-    from verispec.models.default import embedded_model_path
-    from verispec.models.loader import resolve_model_path
+    from verispec.models.catalog.default import embedded_model_path
+    from verispec.models.weights.loader import resolve_model_path
 
     if name is None:
         return embedded_model_path(role)
@@ -72,7 +72,7 @@ def bench_model(name: str | None, role: str, flag: str) -> Path:
 
 def bench_head(name: str, flag: str) -> Path:
     """A drafter head directory (or a named head) for a head method; errors name the flag."""
-    from verispec.models.loader import resolve_head_path
+    from verispec.models.weights.loader import resolve_head_path
 
     try:
         return resolve_head_path(name)
@@ -117,7 +117,7 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from verispec.bench.workloads import prompt_token_ids
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
 
     torch.set_num_threads(config.threads)
     info = settings(config)

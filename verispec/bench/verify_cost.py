@@ -19,11 +19,11 @@ import torch
 
 from verispec.bench.engines import BatchRun
 from verispec.models.config import ModelConfig
-from verispec.models.hub import cache_dir
-from verispec.models.linear import choose_backend
+from verispec.models.kernels.linear import choose_backend
 from verispec.models.llama import LlamaModel
-from verispec.models.loader import build_model, load_model
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import build_model, load_model
+from verispec.paths import cache_dir
 
 QS = (1, 2, 4, 8, 16)
 
@@ -209,7 +209,7 @@ def random_llama_125m(dtype: str = "float32") -> Path:
 
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from verispec.models.default import embedded_model_path
+    from verispec.models.catalog.default import embedded_model_path
 
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")

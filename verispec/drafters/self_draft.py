@@ -19,7 +19,7 @@ from verispec.chat import chat_prompt
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.proposer import TargetInfo
 from verispec.drafters.skip_search import SkipChoice, calibrate
-from verispec.models.hub import say_on_stderr
+from verispec.models.catalog.hub import say_on_stderr
 from verispec.tokenizer import Tokenizer
 
 CALIBRATION_PROMPTS = (

@@ -16,9 +16,9 @@ from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, ste
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
-from verispec.models.hub import DEFAULT_MODEL
-from verispec.models.loader import load_model, resolve_dtype, resolve_model_path
+from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.outputs import RequestOutput
 from verispec.request import Request
 from verispec.sample.rejection import Verdict

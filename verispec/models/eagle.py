@@ -32,12 +32,12 @@ import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
-from verispec.models import native_layer
 from verispec.models.attention import AttentionLayout
-from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
-from verispec.models.linear import Linear, pack_together
+from verispec.models.kernels import native_layer
+from verispec.models.kernels.compiled import CompiledStack, check_compile
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
 
@@ -277,7 +277,7 @@ class EagleHead:
         return torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)
 
     def compile(self, backend: str | Callable = "inductor") -> None:
-        """Run the head's step through torch.compile from now on (models/compiled.py)."""
+        """Run the head's step through torch.compile from now on (models/kernels/compiled.py)."""
         check_compile(True, self.batch_invariant)
         self.compiled = CompiledStack(self.step, backend)
 

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
-from verispec.models import native_layer
 from verispec.models.attention import AttentionLayout, attend
-from verispec.models.compiled import CompiledStack, check_compile
 from verispec.models.config import ModelConfig
-from verispec.models.linear import Linear, kernels_in_use
+from verispec.models.kernels import native_layer
+from verispec.models.kernels.compiled import CompiledStack, check_compile
+from verispec.models.kernels.linear import Linear, kernels_in_use
 from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -166,7 +166,7 @@ class LlamaModel:
                           self.batch_invariant)  # fmt: skip
 
     def compile(self, backend: str | Callable = "inductor") -> None:
-        """Run the decoder stack through torch.compile from now on (models/compiled.py).
+        """Run the decoder stack through torch.compile from now on (models/kernels/compiled.py).
         Batch-invariant mode stays eager: its row-by-row products are the exactness reference."""
         check_compile(True, self.batch_invariant)
         self.compiled = CompiledStack(self.decoder_stack, backend)

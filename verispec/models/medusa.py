@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from verispec.models.eagle import check_draft_ids
 from verispec.models.head_files import read_head_dir, write_head_dir
-from verispec.models.linear import Linear, pack_together
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.llama import LlamaModel, rms_norm
 
 ARCHITECTURE = "MedusaHeads"

@@ -1,0 +1,194 @@
+"""Weight-only quantization: the rounding itself (worked examples), and that a quantized model
+computes exactly the model with those rounded weights (transformers as the reference)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_checkpoint
+from torch.testing import assert_close
+from transformers import PreTrainedModel
+
+from verispec import LLM
+from verispec.models.kernels import build
+from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
+from verispec.models.kernels.linear import Linear
+from verispec.models.kernels.packing import affine_codes
+from verispec.models.kernels.quantization import (
+    check_quantization,
+    draft_quantization,
+    int8_per_channel,
+    round_to_fp16,
+    round_to_q8_0,
+)
+from verispec.models.weights.loader import load_model
+
+from ..harness import Runner, hf_logits, random_ids
+
+CPU = torch.device("cpu")
+
+
+def test_int8_worked_example() -> None:
+    q, scale = int8_per_channel(torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]]))
+    assert q.dtype == torch.int8
+    assert q.tolist() == [[64, -127, 32], [0, 0, 0]]  # 63.5 rounds to even
+    assert_close(scale, torch.tensor([1 / 127, 1.0]))
+
+
+def test_int8_error_is_at_most_half_a_step() -> None:
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    q, scale = int8_per_channel(w)
+    assert int(q.abs().max()) == 127
+    err = (q.float() * scale[:, None] - w).abs()
+    assert bool((err <= scale[:, None] / 2 + 1e-7).all())
+
+
+def test_fp16_rounding_worked_example() -> None:
+    out = round_to_fp16(torch.tensor([0.1, 0.5]))
+    assert out.dtype == torch.float32
+    assert out.tolist() == [0.0999755859375, 0.5]
+
+
+def test_q8_0_worked_example() -> None:
+    out = round_to_q8_0(torch.tensor([[0.5, -1.0, 0.25] + [0.0] * 29]))
+    assert out.dtype == torch.float32
+    assert out[0, :4].tolist() == [0.50390625, -0.99993896484375, 0.251953125, 0.0]
+
+
+def test_q8_0_is_gguf_q8_0_per_block_of_32() -> None:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 70, generator=g) * torch.logspace(-6, 2, 70)  # scales vary per block
+    out = round_to_q8_0(w)
+    for block in range(0, 70, 32):
+        part, got = w[:, block : block + 32], out[:, block : block + 32]
+        d = (part.abs().amax(1, keepdim=True) / 127).half().float()  # [5, 1]
+        assert torch.equal(got / d, torch.round(part / d).clamp(-127, 127))
+        assert bool(((got - part).abs() <= d / 2 * 1.01).all())  # d rounds to float16
+    assert torch.equal(round_to_q8_0(torch.zeros(2, 32)), torch.zeros(2, 32))
+
+
+@pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel here")
+def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(2))
+    assert affine_codes(w) is None and affine_codes(round_to_q8_0(w)) is not None
+    linear = Linear(w, None, "native", quantization="q8_0")
+    assert linear.weight.dtype == torch.int8  # 1.25 bytes a value instead of 4
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3))
+    assert_close(linear(x).double(), x.double() @ round_to_q8_0(w).double().T, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["int4", "FP16", "", 8])
+def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
+    with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8 or None"):
+        check_quantization(name)  # type: ignore[arg-type]
+
+
+def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) -> None:
+    """SpecConfig.quantization "auto": w8a8 for a float32 CPU draft whose native kernel has
+    AVX-512 VNNI, else as stored (None); explicit choices pass through unchanged."""
+    f32 = torch.float32
+    assert draft_quantization("q8_0", "torch", CPU, f32, False) == "q8_0"
+    assert draft_quantization(None, "auto", CPU, f32, False) is None
+    for vnni, expected in ((True, "w8a8"), (False, None)):
+        monkeypatch.setattr(build, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
+        assert draft_quantization("auto", "auto", CPU, f32, False) == expected
+        assert draft_quantization("auto", "native", CPU, f32, False) == expected
+    assert draft_quantization("auto", "torch", CPU, f32, False) is None  # vnni still True
+    assert draft_quantization("auto", "auto", CPU, torch.float16, False) is None
+    assert draft_quantization("auto", "auto", torch.device("meta"), f32, False) is None
+    assert draft_quantization("auto", "auto", CPU, f32, True) is None  # compiled
+    monkeypatch.setattr(build, "native_kernel", lambda: NativeUnavailable("no compiler"))
+    assert draft_quantization("auto", "auto", CPU, f32, False) is None
+
+
+def test_the_kernels_vnni_flag_matches_the_cpu() -> None:
+    """NativeKernel.vnni: the 8-bit products run on vpdpbusd exactly where the CPU (Linux's
+    /proc/cpuinfo) has AVX-512 F, BW and VNNI."""
+    kernel = native_kernel()
+    info = Path("/proc/cpuinfo")
+    if not isinstance(kernel, NativeKernel) or not info.is_file():
+        pytest.skip("needs the native kernel and /proc/cpuinfo")
+    flags = set(next(line for line in info.read_text().splitlines()
+                     if line.startswith("flags")).split())  # fmt: skip
+    assert kernel.vnni == ({"avx512f", "avx512bw", "avx512_vnni"} <= flags)
+
+
+def needs_native(quantization: str) -> object:
+    """A parameter that needs the native kernel (the 8-bit input rounding runs there only)."""
+    usable = isinstance(native_kernel(), NativeKernel)
+    skip = pytest.mark.skipif(not usable, reason="no native kernel")
+    return pytest.param(quantization, marks=skip)
+
+
+def rounded_like_verispec(model: PreTrainedModel, quantization: str) -> PreTrainedModel:
+    """A copy of model whose linear layers (and LM head) hold the values verispec computes with."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in out.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight
+                if quantization == "fp16":
+                    new = round_to_fp16(w)
+                elif quantization in ("q8_0", "w8a8"):
+                    new = round_to_q8_0(w)
+                else:
+                    q, scale = int8_per_channel(w)
+                    new = q.float() * scale[:, None]
+                if name == "lm_head" and out.config.tie_word_embeddings:
+                    module.weight = torch.nn.Parameter(new.clone())  # the embedding stays as is
+                else:
+                    w.copy_(new)
+                if quantization == "w8a8":
+                    module.register_forward_pre_hook(lambda _, args: (rounded_inputs(args[0]),))
+    return out
+
+
+def rounded_inputs(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] with each 32-column chunk rounded as the native kernel rounds a product's
+    input under "a8"/"w8a8": to d * q, d = max |x| / 127, q = round(x * 127 / max |x|)."""
+    k = x.shape[-1]
+    chunks = torch.nn.functional.pad(x, (0, -k % 32)).unflatten(-1, (-1, 32))
+    amax = chunks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(chunks * inv) * (amax / 127)).flatten(-2)[..., :k]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])  # qwen2: biases stay unrounded
+def fp32_checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory, tokenizer
+) -> tuple[Path, PreTrainedModel]:
+    """Full float32 values (neither backend nor test rounds them by accident), sharp layers."""
+    path = tmp_path_factory.mktemp(f"{request.param}-fp32")
+    return path, make_checkpoint(path, request.param, tokenizer, layer_scale=8.0)
+
+
+@pytest.mark.parametrize("quantization", ["fp16", "int8", "q8_0", needs_native("w8a8")])
+def test_quantized_model_is_the_rounded_model(
+    fp32_checkpoint: tuple[Path, PreTrainedModel], quantization: str
+) -> None:
+    path, hf_model = fp32_checkpoint
+    reference = rounded_like_verispec(hf_model, quantization)
+    ids = random_ids(24, hf_model.config.vocab_size, seed=3)
+    runner = Runner(load_model(path, torch.float32, CPU, quantization=quantization))
+    seq = runner.sequence()
+    got = runner.forward([seq.chunk(ids, num_logits=len(ids))])
+    expected, unrounded = hf_logits(reference, ids), hf_logits(hf_model, ids)
+    if quantization == "w8a8":
+        # An input a float32 rounding away from a step of its 8-bit grid may round the other
+        # way here than in the reference (measured: logits 0.0034 apart at most, most equal);
+        # on average much nearer the reference than the unrounded model.
+        assert_close(got, expected, atol=1e-2, rtol=0)
+        near, far = (got - expected).abs().mean(), (got - unrounded).abs().mean()
+        assert near * 10 < far, (near, far)
+        return
+    assert_close(got, expected, atol=1e-4, rtol=0)
+    # and it is not the unrounded model: farther from it than twice the tolerance above
+    assert (got - unrounded).abs().max() > 2e-4
+
+
+def test_engine_options_are_checked(llama_checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="quantization must be one of fp16, int8, q8_0"):
+        LLM(model=str(llama_checkpoint), quantization="int4")

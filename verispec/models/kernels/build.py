@@ -1,0 +1,142 @@
+"""The native kernel's library: the C sources in native/ (linear.c, layer.c, blocks.c,
+verispec.h) built once with the system's C compiler and loaded through ctypes.
+
+The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
+without a compiler or a CPU with AVX2, F16C and FMA, `native_kernel()` says why and the
+linear layers use torch's kernels instead. A cached library whose ABI version is not
+ffi.ABI_VERSION is rebuilt, never misread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from verispec.models.kernels import ffi
+from verispec.paths import cache_dir
+
+HEADER = Path(__file__).with_name("native") / "verispec.h"
+"""The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
+SOURCES = tuple(Path(__file__).with_name("native") / name
+                for name in ("linear.c", "layer.c", "blocks.c"))  # fmt: skip
+"""Built together into one library: the products (linear.c), the decoder layer's other work
+(layer.c, used by native_layer.py), and a GGUF file's blocks decoded and packed as codes
+(blocks.c, for loading)."""
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+LIBS = ("-lm",)
+
+_ISA_NAMES = {1: "avx2", 2: "avx512"}
+log = logging.getLogger("verispec")
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """The loaded library and the instruction set it runs with on this CPU."""
+
+    lib: ctypes.CDLL
+    isa: int
+    """2 = AVX-512, 1 = AVX2 + F16C + FMA."""
+    vnni: bool = False
+    """8-bit products ("a8", "w8a8") run on AVX-512 VNNI here, not the portable loop."""
+
+    @property
+    def isa_name(self) -> str:
+        return _ISA_NAMES[self.isa]
+
+
+@dataclass(frozen=True)
+class NativeUnavailable:
+    """Why the native kernel cannot run here (no compiler, a failed build, an old CPU)."""
+
+    reason: str
+
+
+def _compiler() -> str | None:
+    """$CC when set, else the first of cc, gcc, clang on PATH."""
+    if os.environ.get("CC"):
+        return os.environ["CC"]
+    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+
+
+def library_path(compiler: str) -> Path:
+    """Where the built library is cached: named by a hash of the source, flags and compiler."""
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, HEADER)))
+    key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
+    return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
+
+
+def build(compiler: str, target: Path) -> None:
+    """Compile the sources into target (atomically: concurrent builds never see half a file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), *LIBS],
+            capture_output=True, text=True, timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip()[-2000:] or f"{compiler} failed")
+        os.replace(out, target)
+
+
+@functools.cache
+def native_kernel() -> NativeKernel | NativeUnavailable:
+    """The native kernel, built and loaded once per process, or why it cannot be (logged once
+    as a warning: linear layers then run torch's kernels, slower on Intel CPUs).
+
+    Set VERISPEC_NATIVE_LINEAR=0 to turn it off (linear_backend="auto" then picks among torch's
+    kernels as before).
+    """
+    if os.environ.get("VERISPEC_NATIVE_LINEAR", "1") == "0":
+        return NativeUnavailable("turned off by VERISPEC_NATIVE_LINEAR=0")
+    result = _load()
+    if isinstance(result, NativeUnavailable):
+        log.warning("the native linear kernel cannot run here (%s); using torch's kernels",
+                    result.reason)  # fmt: skip
+    return result
+
+
+def _load() -> NativeKernel | NativeUnavailable:
+    """Build (when not cached) and load the library, and check the CPU."""
+    compiler = _compiler()
+    if compiler is None:
+        return NativeUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
+    path = library_path(compiler)
+    try:
+        if not path.exists():
+            build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        names = " and ".join(source.name for source in SOURCES)
+        return NativeUnavailable(f"building {names} with {compiler} failed: {error}")
+    if not hasattr(lib, "verispec_abi_version") or lib.verispec_abi_version() != ffi.ABI_VERSION:
+        try:  # a library from other sources under this name: rebuild it, never misread it
+            build(compiler, path)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            return NativeUnavailable(f"rebuilding the native library failed: {error}")
+        if lib.verispec_abi_version() != ffi.ABI_VERSION:
+            return NativeUnavailable(
+                f"the native library reports ABI {lib.verispec_abi_version()}, verispec "
+                f"expects {ffi.ABI_VERSION} (native/verispec.h and ffi.py disagree)"
+            )
+    isa = lib.verispec_linear_isa()
+    if isa not in _ISA_NAMES:
+        return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
+    ffi.declare(lib)
+    return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
+
+
+def loaded() -> NativeKernel:
+    """The kernel, for callers that hold packed weights (which exist only where it loaded)."""
+    kernel = native_kernel()
+    assert isinstance(kernel, NativeKernel), "packed weights exist only where the kernel loaded"
+    return kernel

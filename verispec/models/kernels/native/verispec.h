@@ -1,0 +1,63 @@
+/* The boundary between verispec's Python code and its native library: the weight formats a
+ * packed weight holds (mirrored, name for name, by ffi.WeightFormat), the ABI version
+ * checked at load, and the products' entry point. */
+#ifndef VERISPEC_H
+#define VERISPEC_H
+
+#include <stdint.h>
+
+/* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
+ * other sources is rebuilt, never misread. */
+#define VERISPEC_ABI_VERSION 4
+
+/* What a packed weight holds (packing.py's packers lay each one out). */
+enum verispec_weight_format {
+  VERISPEC_F32 = 0,               /* float32 values */
+  VERISPEC_F16 = 1,               /* float16 values */
+  VERISPEC_Q8_F32_DM = 2,         /* 8-bit codes, float32 d and m per 32 columns (Q5_1, Q5_K) */
+  VERISPEC_Q8_A8 = 3,             /* 8-bit codes times 8-bit inputs, float16 d and m (a8) */
+  VERISPEC_Q4_F16_DM = 4,         /* 4-bit codes, float16 d and m (Q4_0, Q4_1) */
+  VERISPEC_Q8_F16_D = 5,          /* 8-bit codes, float16 d, m = 0 (Q8_0, Q5_0) */
+  VERISPEC_Q4_A8 = 6,             /* 4-bit codes times 8-bit inputs, float16 d and m (a8) */
+  VERISPEC_Q4_F32_DM = 7,         /* 4-bit codes, float32 d and m per 32 columns (Q4_K) */
+  VERISPEC_Q8_F32_DM_HALVES = 8,  /* 8-bit codes, float32 d and m per 16 columns (Q6_K mixed) */
+  VERISPEC_Q8_F32_D_HALVES = 9,   /* 8-bit codes, float32 d per 16 columns, m = 0 (Q6_K) */
+  VERISPEC_Q4_F32_A8 = 10,        /* 4-bit codes times 8-bit inputs, float32 d and m (Q4_K, a8) */
+  VERISPEC_Q8_F32_A8 = 11,        /* 8-bit codes times 8-bit inputs, float32 d and m (Q5_K, a8) */
+  VERISPEC_Q4_SUPER_DM = 12,      /* 4-bit codes, Q4_K's d and m as stored: float16 x 6-bit */
+  VERISPEC_Q4_SUPER_A8 = 13,      /* the same times 8-bit inputs (Q4_K, a8) */
+  VERISPEC_Q6_SUPER_D = 14,       /* 6-bit codes (4 + 2 bit planes), Q6_K's d as stored */
+};
+
+/* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
+ * GGMLQuantizationType names them on the Python side). */
+enum verispec_ggml_type {
+  VERISPEC_GGML_Q4_0 = 2,
+  VERISPEC_GGML_Q4_1 = 3,
+  VERISPEC_GGML_Q5_0 = 6,
+  VERISPEC_GGML_Q5_1 = 7,
+  VERISPEC_GGML_Q8_0 = 8,
+  VERISPEC_GGML_Q4_K = 12,
+  VERISPEC_GGML_Q5_K = 13,
+  VERISPEC_GGML_Q6_K = 14,
+};
+
+int verispec_abi_version(void);
+int verispec_linear_isa(void);
+int verispec_linear_vnni(void);
+void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
+                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
+
+/* blocks.c: n GGUF blocks of a verispec_ggml_type -> affine codes (0, or -1 for another type);
+ * codes [N, K] -> the kernel's codes layout, a byte each or (nibbles) two a byte. */
+int verispec_block_codes(int type, const uint8_t *blocks, int64_t n, int8_t *q, float *d,
+                         float *m, int threads);
+void verispec_pack_codes(const int8_t *q, int64_t N, int64_t K, int nibbles, int8_t *out,
+                         int threads);
+void verispec_q4_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, uint16_t *negmin,
+                         uint8_t *sc, uint8_t *mn, int threads);
+void verispec_q6_k_super(const uint8_t *blocks, int64_t n, uint16_t *d16, int8_t *sc,
+                         int threads);
+void verispec_pack_q6(const int8_t *q, int64_t N, int64_t K, uint8_t *out, int threads);
+
+#endif

@@ -1,0 +1,504 @@
+"""Weights in the native kernel's layouts: float weights packed in blocks of 16 rows (`pack`),
+GGUF-style affine codes (AffineCodes, SuperScales; `affine_codes` finds them in float32
+weights) packed in the fewest bytes that hold them (`pack_codes`, `pack_codes_a8`), the packed
+weights of a model copied in order into one arena of huge pages (`into_arena`), and the
+WeightFormat a packed weight has (`kind_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.models.kernels import build
+from verispec.models.kernels.ffi import WeightFormat, madvise, release_freed_memory
+
+ROWS = 16
+"""Weight rows per packed block and columns per chunk: both dimensions are padded to this."""
+
+
+def _padded(n: int) -> int:
+    return -(-n // ROWS) * ROWS
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [N, K] -> the kernel's layout [N'/16, K'/16, 16, 16] in dtype (float32, float16),
+    N and K padded with zeros to N', K', multiples of 16.
+
+    Example: a [2, 3] weight becomes [1, 1, 16, 16] with packed[0, 0, j, l] = weight[j, l] for
+    j < 2, l < 3 and 0 elsewhere.
+    """
+    n, k = weight.shape
+    padded = torch.zeros(_padded(n), _padded(k), dtype=dtype)
+    padded[:n, :k] = weight.to(dtype)
+    return _row_blocks(padded, ROWS)
+
+
+def _row_blocks(matrix: torch.Tensor, columns: int) -> torch.Tensor:
+    """[N', K'] (N' a multiple of 16, K' of columns) -> [N'/16, K'/columns, 16, columns]: each
+    block of 16 rows contiguous, `columns` columns at a time."""
+    rows, width = matrix.shape
+    blocks = matrix.view(rows // ROWS, ROWS, width // columns, columns)
+    return blocks.permute(0, 2, 1, 3).contiguous()
+
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # Linux
+
+
+def into_arena(packed: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The packed weights copied, in this order, into one buffer aligned to 2 MiB that Linux is
+    asked to back with transparent huge pages; views of it, in the same order.
+
+    Why: a decode step runs its products one after another, each over a few megabytes. Apart,
+    each starts cold on 4 KiB pages (TLB misses, prefetchers ramping up); in one arena of huge
+    pages, in forward order, they stream at about 1.35x the rate (benchmarks/README.md). Where
+    madvise is missing or refused the arena still holds them in order. Each entry of packed is
+    replaced by its view as it is copied, so a caller that passes the only references frees
+    the originals one by one.
+    """
+    if not packed:
+        return []
+    dtype = packed[0].dtype
+    assert all(p.dtype == dtype for p in packed), "one arena holds one dtype"
+    total = sum(p.numel() for p in packed)
+    item = packed[0].element_size()
+    buffer = torch.empty(total + HUGE_PAGE // item, dtype=dtype)
+    start = (-buffer.data_ptr()) % HUGE_PAGE // item
+    _advise_huge_pages(buffer.data_ptr() + start * item, total * item)
+    views, offset = [], start
+    for i, p in enumerate(packed):
+        view = buffer[offset : offset + p.numel()].view(p.shape)
+        view.copy_(p)
+        views.append(view)
+        offset += p.numel()
+        packed[i] = view  # the original goes now (when the list held its last reference): the
+        del p  # arena's untouched pages cost nothing yet, so the peak stays near one copy
+        release_freed_memory()
+    return views
+
+
+def _advise_huge_pages(address: int, size: int) -> None:
+    """madvise(MADV_HUGEPAGE) over [address, address + size), before the pages are touched."""
+    madvise(address, size, MADV_HUGEPAGE)  # a refusal only costs speed
+
+
+CODE_COLUMNS = 32
+"""Columns per (d, m) pair of affine codes: a GGUF quantization block."""
+
+
+SUPER_COLUMNS = 256
+"""Columns per super-block of GGUF's K-quants: one float16 d16 and dmin per row for each."""
+
+
+@dataclass(frozen=True)
+class SuperScales:
+    """The factors of Q4_K codes' d and m as the file stores them: d = d16 * sub_d and m =
+    negmin * sub_m, each product exact in float32 (an 11-bit significand times a 6-bit
+    integer), so the kernel rebuilds AffineCodes.d and .m bit for bit from 0.078 bytes a weight
+    instead of 0.25. d16, negmin [N, K/256] float16 (negmin = -dmin); sub_d, sub_m [N, K/32]
+    uint8 (6-bit sc and mn)."""
+
+    d16: torch.Tensor
+    negmin: torch.Tensor
+    sub_d: torch.Tensor
+    sub_m: torch.Tensor
+
+    def rows(self, index: slice | torch.Tensor) -> SuperScales:
+        """The same rows of every factor (a slice or a permutation)."""
+        return SuperScales(self.d16[index], self.negmin[index], self.sub_d[index],
+                           self.sub_m[index])  # fmt: skip
+
+    @staticmethod
+    def cat(parts: Sequence[SuperScales]) -> SuperScales:
+        """Parts stacked row-wise (gate and up into one weight)."""
+        return SuperScales(*(torch.cat([getattr(p, f) for p in parts])
+                             for f in ("d16", "negmin", "sub_d", "sub_m")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Q6Scales:
+    """The factors of Q6_K codes' d as the file stores them: d = d16 * sc, exact in float32 (an
+    11-bit significand times an 8-bit integer), m = 0, so the kernel rebuilds AffineCodes.d bit
+    for bit from 0.07 bytes a weight instead of 0.25 (kind 14). d16 [N, K/256] float16; sc
+    [N, K/16] int8."""
+
+    d16: torch.Tensor
+    sc: torch.Tensor
+
+    def rows(self, index: slice | torch.Tensor) -> Q6Scales:
+        """The same rows of both factors (a slice or a permutation)."""
+        return Q6Scales(self.d16[index], self.sc[index])
+
+    @staticmethod
+    def cat(parts: Sequence[Q6Scales]) -> Q6Scales:
+        """Parts stacked row-wise."""
+        return Q6Scales(torch.cat([p.d16 for p in parts]), torch.cat([p.sc for p in parts]))
+
+
+@dataclass(frozen=True)
+class AffineCodes:
+    """W [N, K] as w = d * q + m per row and 32-column chunk (or 16-column half of one, see
+    group), exactly: codes q [N, K'] int8, d and m [N, K'/group] float32 (K padded with zeros to
+    K', a multiple of 32)."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+    group: int = 32
+    """Columns per (d, m): 32, or 16 (GGUF Q6_K's sub-blocks); d and m are [N, K'/group]."""
+    super_scales: SuperScales | Q6Scales | None = None
+    """d's and m's factors as a GGUF Q4_K or Q6_K file stores them, when the codes came from
+    one."""
+
+    @property
+    def four_bit(self) -> bool:
+        """Every code in 0..15 (GGUF Q4_1, Q4_K blocks): the kernel then stores two a byte."""
+        if self.codes.numel() == 0:
+            return True
+        low, high = torch.aminmax(self.codes)  # one pass, no boolean copies
+        return bool(low >= 0) and bool(high <= 15)
+
+
+def dequantize_codes(codes: AffineCodes) -> torch.Tensor:
+    """The float32 values [N, K] the codes stand for: d * q + m per group. d * q is exact in
+    float32 (see gguf_blocks.py's docstring), so the one rounding is the addition's, as gguf's."""
+    n, k = codes.codes.shape
+    out = torch.empty(n, k)
+    step = max(1, (1 << 22) // max(k, 1))  # rows at a time: transients stay a few megabytes
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        q = codes.codes[rows].view(-1, k // codes.group, codes.group).float()
+        w = q * codes.d[rows].unsqueeze(-1) + codes.m[rows].unsqueeze(-1)
+        out[rows] = w.view(-1, k)
+    return out
+
+
+def affine_codes(weight: torch.Tensor) -> AffineCodes | None:
+    """Int8 codes that rebuild every float32 value of weight bit for bit, or None.
+
+    Each 32-value chunk of a row is tried as d * q with |q| <= 127 (GGUF Q8_0: d = max |w| /
+    127) and as d * q + m with 0 <= q <= 15 (Q4_1: m = the minimum, d the float16 nearest
+    (max - min) / 15 or a neighbour). A chunk is kept only if d * q is exact in float32 (d is
+    a float16 value, so it is) and d * q + m equals the weight; one failing chunk returns None.
+    Examples: a chunk [15.875, -0.25, 0, ...] is Q8_0-like: d = 15.875 / 127 = 0.125, codes
+    127, -2, 0; a chunk [-1.0, 2.75, 0.0, ...] is Q4_1-like: m = -1, d = 3.75 / 15 = 0.25,
+    codes 0, 15, 4. Weights of float checkpoints fail in their first chunk, tried alone first;
+    so do rows whose length is no multiple of 32 (the zeros padding the last chunk do not fit).
+    """
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or n == 0 or k == 0:
+        return None
+    first = _affine(weight[:1, : min(k, CODE_COLUMNS)], range(len(_FORMS)))
+    if first is None:
+        return None
+    whole = _affine(weight, (first[1], *(i for i in range(len(_FORMS)) if i != first[1])))
+    return None if whole is None else whole[0]
+
+
+_FORMS = ((-127, 127, None), (0, 15, 0), (0, 15, 1), (0, 15, -1))
+"""(lowest code, highest code, float16 step from (max - min) / 15 or None for Q8_0's d)."""
+
+
+def _affine(weight: torch.Tensor, order: Sequence[int]) -> tuple[AffineCodes, int] | None:
+    """affine_codes over the forms in order, each only for chunks no earlier form fit; also
+    the form that fit the first chunk (to try first on a whole weight)."""
+    n, k = weight.shape
+    padded = -(-k // CODE_COLUMNS) * CODE_COLUMNS
+    w = torch.nn.functional.pad(weight, (0, padded - k)).view(n, -1, CODE_COLUMNS)  # [N, C, 32]
+    codes = torch.zeros_like(w, dtype=torch.int8)
+    d_out = torch.zeros(n, w.shape[1], 1)
+    m_out = torch.zeros_like(d_out)
+    done = torch.zeros(d_out.shape, dtype=torch.bool)
+    first_form = -1
+    for form in order:
+        lo, hi, step = _FORMS[form]
+        if step is None:  # Q8_0: d = max |w| / 127, m = 0
+            d = (w.abs().amax(-1, keepdim=True) / 127).half().float()
+            m = torch.zeros_like(d)
+        else:  # Q4_1: m = the minimum, d = (max - min) / 15 in float16, or a neighbour
+            m = w.amin(-1, keepdim=True)
+            d16 = ((w.amax(-1, keepdim=True) - m) / 15).half()
+            d = (d16.view(torch.int16) + step).view(torch.float16).float()
+            m = m.half().float()
+        safe = torch.where(d == 0, torch.ones_like(d), d)
+        q = torch.round((w - m) / safe).clamp_(lo, hi)
+        q = torch.where(d == 0, torch.zeros_like(q), q)
+        fits = ((d * q + m) == w).all(-1, keepdim=True) & ~done  # [N, C, 1]
+        if first_form < 0 and bool(fits[0, 0]):
+            first_form = form
+        codes = torch.where(fits, q.to(torch.int8), codes)
+        d_out, m_out = torch.where(fits, d, d_out), torch.where(fits, m, m_out)
+        done |= fits
+        if bool(done.all()):
+            return AffineCodes(codes.view(n, padded), d_out.view(n, -1), m_out.view(n, -1)), (
+                first_form
+            )
+    return None
+
+
+def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
+    2, 16]: d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
+    hold them (every kind gives the same products):
+    - every code in 0..15 (GGUF Q4_1, Q4_K blocks): two codes a byte, codes [N'/16, K'/32, 4,
+      16, 4] int8, element [b, c, v, l, r] holding the codes of row 16 b + 4 v + r at columns
+      32 c + l (low 4 bits) and 32 c + 16 + l (high 4 bits), so that a 32-bit lane l holds
+      column l of four rows; with float16 d and m where every d and m is a float16 value (Q4_1),
+      linear.c's kind 4 (0.625 bytes a weight; its decode rows look weights up in a table of
+      16); else, for Q4_K codes that carry their SuperScales, those as stored
+      (`_super_scale_bytes`), kind 12 (0.578 bytes a weight); else float32 d and m, kind 7
+      (0.75 bytes a weight);
+    - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
+      [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
+    - else float32 d and m, kind 2;
+    - group 16 (GGUF Q6_K, or fused weights with some parts Q6_K): codes a byte each, scales
+      [N'/16, K'/32, 2, 2, 16] float32, element [b, c, h, 0 or 1, j] the d or m of row 16 b + j,
+      columns 32 c + 16 h .. 32 c + 16 h + 15, kind 8 (1.5 bytes a weight); where every m is
+      +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight); Q6_K codes
+      that carry their Q6Scales (K a multiple of 256), as the file stores them: 6-bit codes in
+      two planes, d16 and sc (`pack_q6`), kind 14 (0.8203 bytes a weight, kind 9's products).
+
+    Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
+    (row 5 = 4 * 1 + 1)."""
+    if q6_packable(codes):
+        return pack_q6(codes)
+    four_bit = codes.group == CODE_COLUMNS and codes.four_bit
+    k = codes.codes.shape[1]
+    packed, scales = _codes_and_scales(codes, nibbles=four_bit)
+    if codes.group != CODE_COLUMNS:
+        if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0: kind 9
+            return packed, scales[:, :, :, :1].contiguous()
+        return packed, scales
+    half = scales.half()
+    float16 = torch.equal(half.float(), scales)
+    if four_bit and float16:
+        return packed, half
+    if four_bit and codes.super_scales is not None and k % SUPER_COLUMNS == 0:
+        return packed, _super_scale_bytes(codes.super_scales, packed.shape[0])
+    if four_bit:
+        return packed, scales
+    if not float16:
+        return packed, scales
+    if not bool(scales[:, :, 1].any()):
+        return packed, half[:, :, :1].contiguous()
+    return packed, scales
+
+
+def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
+    """SuperScales -> linear.c's kinds 12 and 13 scales, uint8 [N'/16, K/256, 320]: for each
+    block of 16 rows and 256 columns, d16 of the 16 rows (float16 bytes), their negmin, then
+    for each of its 8 chunks sub_d of the 16 rows and their sub_m (rows past N zero).
+    Example: row 17's sub_d of columns 288 .. 319 (block 1, row 1; 256 columns 1, chunk 1) is
+    byte [1, 1, 64 + 32 * 1 + 1]; its sub_m the byte after the 16 rows', [1, 1, 64 + 48 + 1]."""
+    rows = blocks * ROWS
+    n, supers = factors.d16.shape
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((rows, t.shape[1]), dtype=t.dtype)
+        out[:n] = t
+        return out
+
+    whole = [padded(t).view(blocks, ROWS, supers).transpose(1, 2).contiguous().view(torch.uint8)
+             for t in (factors.d16, factors.negmin)]  # fmt: skip  # [B, S, 32] each
+    subs = torch.stack([padded(t).view(blocks, ROWS, supers, 8).permute(0, 2, 3, 1)
+                        for t in (factors.sub_d, factors.sub_m)], dim=3)  # fmt: skip
+    # subs [B, S, 8 chunks, 2 (d, m), 16 rows]
+    return torch.cat([*whole, subs.reshape(blocks, supers, 8 * 2 * ROWS)], dim=2).contiguous()
+
+
+Q6_CHUNK_BYTES = 384
+"""Bytes of kind 14's codes per 16 rows and 32 columns: 256 of low nibbles, 128 of high bits."""
+
+
+def q6_packable(codes: AffineCodes) -> bool:
+    """Whether codes pack as kind 14: Q6_K codes with their Q6Scales (so q in -32..31 and d =
+    d16 * sc), d per 16 columns, every m +0, K a multiple of 256."""
+    return (isinstance(codes.super_scales, Q6Scales) and codes.group == CODE_COLUMNS // 2
+            and codes.codes.shape[1] % SUPER_COLUMNS == 0
+            and not bool(codes.m.view(torch.int32).any()))  # fmt: skip
+
+
+def pack_q6(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K codes with their Q6Scales -> linear.c's kind 14: codes as `q6_planes` [N'/16, K/32,
+    384] int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a weight, as
+    the file stores them, where kind 9 takes 1.25 for the same products."""
+    factors = codes.super_scales
+    assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
+    planes = q6_planes(codes.codes)
+    return planes, _q6_scale_bytes(factors, planes.shape[0])
+
+
+def q6_planes(q: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] int8 in -32..31 (K a multiple of 32) as kind 14's planes [N'/16, K/32,
+    384] int8, rows past N zero bytes: of u = q + 32 (0..63, the 6-bit value Q6_K stores) for
+    the 512 codes of 16 rows and 32 columns in kind 9's order, p = 32 j + l for row j, column
+    l, bytes 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i and, in their high nibble,
+    of p = 128 v + 64 + i; bytes 256 + 64 w + i (w < 2) hold u >> 4 of p = 256 w + 64 f + i at
+    bits 2 f, 2 f + 1 (f < 4). So 64 codes of kind 9 are one vector of each plane shifted and
+    masked (linear.c's unpack_q6_avx512). Example: row 2, column 5 (p = 69, u = q + 32 = 0x2B)
+    puts 0xB in the high nibble of byte 5 and 2 at bits 2, 3 of byte 256 + 5. One pass of
+    blocks.c where the kernel loaded, else torch's reshapes (the same bytes: tested)."""
+    n, k = q.shape
+    rows = _padded(n)
+    kernel = build.native_kernel()
+    if isinstance(kernel, build.NativeKernel):
+        q = q.contiguous()
+        out = torch.empty(rows // ROWS, k // CODE_COLUMNS, Q6_CHUNK_BYTES, dtype=torch.int8)
+        kernel.lib.verispec_pack_q6(q.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+        return out
+    u = torch.zeros(rows, k, dtype=torch.uint8)
+    u[:n] = (q.to(torch.int16) + 32).to(torch.uint8)  # wraps as C's uint8_t does
+    blocks, chunks = rows // ROWS, k // CODE_COLUMNS
+    o = _row_blocks(u, CODE_COLUMNS).view(blocks, chunks, 8, 64)  # kind 9's bytes, 64 a vector
+    low, high = o & 15, (o >> 4) & 3
+    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [B, C, 4, 64]
+    fields = high.view(blocks, chunks, 2, 4, 64)
+    twos = (
+        fields[:, :, :, 0]
+        | (fields[:, :, :, 1] << 2)
+        | (fields[:, :, :, 2] << 4)
+        | (fields[:, :, :, 3] << 6)
+    )  # [B, C, 2, 64]
+    return torch.cat([nibbles.reshape(blocks, chunks, 256), twos.reshape(blocks, chunks, 128)],
+                     dim=2).view(torch.int8)  # fmt: skip
+
+
+def _q6_scale_bytes(factors: Q6Scales, blocks: int) -> torch.Tensor:
+    """Q6Scales -> linear.c's kind 14 scales, uint8 [N'/16, K/256, 288]: for each block of 16
+    rows and 256 columns, d16 of the 16 rows (float16 bytes), then for each of its 16 groups of
+    16 columns sc of the 16 rows (rows past N zero). Example: row 17's sc of columns 272 ..
+    287 (block 1, row 1; 256 columns 1, group 1) is byte [1, 1, 32 + 16 * 1 + 1]."""
+    rows = blocks * ROWS
+    n, supers = factors.d16.shape
+    d16 = torch.zeros(rows, supers, dtype=torch.float16)
+    d16[:n] = factors.d16
+    sc = torch.zeros(rows, supers * 16, dtype=torch.int8)
+    sc[:n] = factors.sc
+    whole = d16.view(blocks, ROWS, supers).transpose(1, 2).contiguous().view(torch.uint8)
+    groups = sc.view(blocks, ROWS, supers, 16).permute(0, 2, 3, 1).reshape(blocks, supers, 256)
+    return torch.cat([whole, groups.view(torch.uint8)], dim=2).contiguous()
+
+
+def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """Codes q [N, K] int8 (K a multiple of 32) in the kernel's blocks, N padded with zero rows
+    to N': [N'/16, K/32, 16, 32], or with nibbles (every code in 0..15) two a byte [N'/16, K/32,
+    4, 16, 4] (`pack_codes` gives the layouts). One pass of blocks.c where the kernel loaded,
+    else the same bytes by torch's reshapes."""
+    n, k = q.shape
+    rows = _padded(n)
+    kernel = build.native_kernel()
+    if isinstance(kernel, build.NativeKernel):
+        q = q.contiguous()
+        shape = (rows // ROWS, k // CODE_COLUMNS, 4, ROWS, 4) if nibbles else (
+            rows // ROWS, k // CODE_COLUMNS, ROWS, CODE_COLUMNS)  # fmt: skip
+        out = torch.empty(shape, dtype=torch.int8)
+        kernel.lib.verispec_pack_codes(q.data_ptr(), n, k, int(nibbles), out.data_ptr(),
+                                       torch.get_num_threads())  # fmt: skip
+        return out
+    padded = torch.zeros(rows, k, dtype=torch.int8)
+    padded[:n] = q
+    packed = _row_blocks(padded, CODE_COLUMNS)
+    if not nibbles:
+        return packed
+    low, high = packed[..., : CODE_COLUMNS // 2], packed[..., CODE_COLUMNS // 2 :]
+    pairs = low | (high << 4)  # [B, C, 16, 16]: row j, column l (int8 bits)
+    blocks, chunks = packed.shape[:2]
+    return pairs.view(blocks, chunks, 4, 4, 16).transpose(3, 4).contiguous()
+
+
+def _codes_and_scales(
+    codes: AffineCodes, nibbles: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_codes' codes (two a byte with nibbles) and its scales as float32 d and m: kind 2's,
+    or for group 16 kind 8's [N'/16, K'/32, 2, 2, 16]."""
+    assert codes.group in (CODE_COLUMNS, CODE_COLUMNS // 2), codes.group
+    n, k = codes.codes.shape
+    rows = _padded(n)
+    dm = torch.zeros(2, rows, k // codes.group)
+    dm[0, :n], dm[1, :n] = codes.d, codes.m
+    packed = packed_code_bytes(codes.codes, nibbles)
+    chunks = k // CODE_COLUMNS
+    if codes.group == CODE_COLUMNS:
+        scales = dm.view(2, -1, ROWS, chunks).permute(1, 3, 0, 2).contiguous()
+    else:  # [2 (d, m), B, 16, C, 2 (h)] -> [B, C, h, d or m, 16]
+        scales = dm.view(2, -1, ROWS, chunks, 2).permute(1, 3, 4, 0, 2).contiguous()
+    return packed, scales
+
+
+def a8_packable(codes: AffineCodes) -> bool:
+    """Whether codes have the a8 kinds' form, one d and m per 32 columns (GGUF Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K); `pack_codes_a8` refuses the others (Q6_K's 16 columns)."""
+    return codes.group == CODE_COLUMNS
+
+
+def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """AffineCodes -> linear.c's kind 3, whose products round x to 8-bit blocks (quantization
+    "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
+    W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
+    scales d and m as `pack_codes` lays them out, in float16, which holds every d and m exactly
+    (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a weight instead
+    of 1.25. Example: a Q8_0 code -3 is stored as 125.
+    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6: uint8 [N'/16,
+    K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e] | that
+    of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
+    Where some d or m is no float16 value (GGUF Q4_K, Q5_K: products of a float16 and a 6-bit
+    scale) the scales stay float32, kinds 10 (4-bit codes, 0.75 bytes a weight) and 11 (8-bit,
+    1.25): the same operations on the same values as kinds 6 and 3; Q4_K codes that carry their
+    SuperScales keep them as stored, kind 13 (0.578 bytes a weight, kind 10's products).
+    Raises ValueError for codes whose d and m change every 16 columns (GGUF Q6_K): the a8
+    kinds store one d and m per 32 columns."""
+    if codes.group != CODE_COLUMNS:
+        raise ValueError(f"quantization a8 needs one d and m per {CODE_COLUMNS} columns; these "
+                         f"codes have one per {codes.group} (GGUF Q6_K blocks)")  # fmt: skip
+    packed, scales = _codes_and_scales(codes)
+    half = scales.half()
+    if not torch.equal(half.float(), scales):
+        half = scales  # K-quants: float32 d and m, kinds 10 and 11
+        if (codes.super_scales is not None and codes.four_bit
+                and codes.codes.shape[1] % SUPER_COLUMNS == 0):  # fmt: skip
+            half = _super_scale_bytes(codes.super_scales, packed.shape[0])  # kind 13
+    blocks, chunks = packed.shape[:2]
+    nibbles = codes.four_bit
+    unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
+    grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
+    if nibbles:  # [B, C, 8, 16, 4]: vectors k and k + 4 share a byte
+        return (grouped[:, :, :4] | (grouped[:, :, 4:] << 4)).contiguous(), half
+    return grouped.contiguous(), half
+
+
+def packed_columns(packed: torch.Tensor) -> int:
+    """K', the columns of a packed weight (in_features padded to 16, or 32 for codes)."""
+    coded = packed.dtype in (torch.int8, torch.uint8)
+    return packed.shape[1] * (CODE_COLUMNS if coded else packed.shape[3])
+
+
+def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
+    """The WeightFormat of a packed weight, from what the packers return: codes times 8-bit
+    activations (uint8, `pack_codes_a8`) Q8_A8 for 8-bit codes [B, C, 8, 16, 4], Q4_A8 for
+    4-bit ones [B, C, 4, 16, 4], with float16 d and m, Q8_F32_A8 and Q4_F32_A8 with float32
+    ones; codes times float32 x (int8, `pack_codes`) Q8_F32_DM for
+    8-bit codes with float32 d and m, Q8_F16_D with float16 d alone, Q4_F16_DM for 4-bit codes
+    [B, C, 4, 16, 4] with float16 d and m, Q4_F32_DM with float32 d and m, Q8_F32_DM_HALVES
+    for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), Q8_F32_D_HALVES
+    with d alone (scales [B, C, 2, 1, 16]), Q4_SUPER_DM for 4-bit codes with uint8 scales
+    (`_super_scale_bytes`), Q6_SUPER_D for kind 14's planes [B, C, 384] with uint8 scales
+    (`pack_q6`); else F16 or F32."""
+    f = WeightFormat
+    if scales is not None:
+        if packed.dtype == torch.uint8:
+            if scales.dtype == torch.uint8:
+                return f.Q4_SUPER_A8
+            if scales.dtype == torch.float32:
+                return f.Q8_F32_A8 if packed.shape[2] == 8 else f.Q4_F32_A8
+            return f.Q8_A8 if packed.shape[2] == 8 else f.Q4_A8
+        if scales.dim() == 5:
+            return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES
+        if scales.dtype == torch.uint8:
+            return f.Q6_SUPER_D if packed.dim() == 3 else f.Q4_SUPER_DM
+        if packed.dim() == 5:
+            return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
+        return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM
+    return f.F16 if packed.dtype == torch.float16 else f.F32

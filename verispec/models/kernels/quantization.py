@@ -1,0 +1,102 @@
+"""Quantization: the optional rounding of linear-layer weights at load time, and of their
+inputs at every product ("a8", "w8a8").
+
+Speculative decoding stays lossless with respect to the model that is actually run: with a
+quantized target the output is exactly (greedy) or in distribution (sampling) that quantized
+target's, not the checkpoint's. A quantized draft changes only how often drafts are accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.models.kernels import build
+
+QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
+ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
+"""Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
+computes GGUF models (native kernel, linear.c kind 3): "a8" for weights stored as codes (GGUF
+Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first. Rows are rounded on their
+own, so a verify row still equals the decode step of the same input bit for bit."""
+Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
+
+
+AUTO_DRAFT = "auto"
+"""SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
+"w8a8" where the native kernel's 8-bit products run on AVX-512 VNNI (a draft need not be exact,
+and its steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
+
+
+DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
+"""The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
+
+
+def from_draft_flag(value: str) -> str | None:
+    """SpecConfig.quantization for a --draft-quantization value: "none" (as stored) is None."""
+    return None if value == "none" else value
+
+
+def draft_quantization(
+    requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool
+) -> str | None:
+    """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT "w8a8" on a
+    float32 CPU model with the native backend available ("auto" or "native"), not compiled,
+    where the kernel has VNNI, else None. Example: ("auto", "auto", cpu, float32, False) ->
+    "w8a8" on an Ice Lake Xeon, None on a CPU without AVX-512 VNNI (its portable 8-bit loop
+    would make the draft slower, not faster)."""
+    if requested != AUTO_DRAFT:
+        return requested
+    if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if compile:
+        return None
+    kernel = build.native_kernel()
+    return "w8a8" if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
+
+
+def check_quantization(
+    name: str | None, what: str = "quantization", extra: tuple[str, ...] = ()
+) -> None:
+    """ValueError unless name is None or one of QUANTIZATIONS (or extra)."""
+    allowed = (*QUANTIZATIONS, *extra)
+    if name is not None and name not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)} or None (off); got {name!r}")
+
+
+def round_to_fp16(weight: torch.Tensor) -> torch.Tensor:
+    """Each value rounded to the nearest float16 (kept in weight's dtype; the fp16 kernel then
+    stores it in float16 without further loss). Example: 0.1 -> 0.0999755859375."""
+    return weight.to(torch.float16).to(weight.dtype)
+
+
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: weight [out, in] ~= q [out, in] int8 * scale [out, 1].
+
+    scale = max |row| / 127 (1 for an all-zero row), q = round(w / scale) in [-127, 127].
+    Example: row [0.5, -1.0, 0.25] -> scale 1/127, q [64, -127, 32] (0.5 * 127 = 63.5 rounds
+    to the even 64), dequantized [0.504, -1.0, 0.252].
+    """
+    w = weight.float()
+    scale = w.abs().amax(dim=1) / 127.0  # [out]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
+    return q.contiguous(), scale.to(weight.dtype)
+
+
+def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """Each 32-value block of a row rounded as GGUF's Q8_0 stores it: d * q with d = max |w| /
+    127 rounded to float16 and q = round(w / d) in [-127, 127] (kept in weight's dtype).
+
+    The native kernel then streams the rounded weight as 8-bit codes, 1.25 bytes a value
+    (packing.affine_codes recognises the form); other kernels compute with the rounded
+    float values. Example: a block [0.5, -1.0, 0.25, 0, ...] -> d = fp16(1 / 127) =
+    0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d = 63.5047 rounds to 64), values
+    [0.50390625, -0.99993896484375, 0.251953125, 0, ...].
+    """
+    n, k = weight.shape
+    padded = -(-k // Q8_0_COLUMNS) * Q8_0_COLUMNS
+    w = torch.nn.functional.pad(weight.float(), (0, padded - k)).view(n, -1, Q8_0_COLUMNS)
+    d = (w.abs().amax(-1, keepdim=True) / 127).half().float()  # [N, K/32, 1]
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    q = torch.where(d > 0, torch.round(w / safe).clamp_(-127, 127), torch.zeros_like(w))
+    return (d * q).view(n, padded)[:, :k].to(weight.dtype).contiguous()

@@ -1,0 +1,317 @@
+"""Loading a Hugging Face checkpoint (local directory or hub id) into a LlamaModel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from verispec.models.catalog.default import shipped_head
+from verispec.models.catalog.hub import named_model_path
+from verispec.models.config import ModelConfig
+from verispec.models.kernels.compiled import check_compile
+from verispec.models.kernels.ffi import release_freed_memory
+from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
+from verispec.models.kernels.packing import AffineCodes
+from verispec.models.kernels.quantization import check_quantization
+from verispec.models.llama import DecoderLayer, LlamaModel
+from verispec.models.weights.gguf import (
+    BlockEmbedding,
+    GGUFWeights,
+    Weight,
+    gguf_weights,
+    is_gguf,
+    read_gguf,
+)
+from verispec.models.weights.gguf_blocks import stacked
+from verispec.models.weights.gguf_cache import cached_description
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+# Any one of these gives the vocabulary; transformers builds the tokenizer from it.
+VOCABULARY_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """ValueError naming the missing files when a checkpoint directory has no tokenizer.
+
+    Cheap (it only looks at file names), so a missing tokenizer is reported before the weights
+    are read. A GGUF file carries its tokenizer in its metadata; gguf.py checks that.
+    """
+    if is_gguf(path):
+        return
+    if any(all((path / name).is_file() for name in files) for files in VOCABULARY_FILES):
+        return
+    first, *others = (" + ".join(files) for files in VOCABULARY_FILES)
+    missing = f"{first} (or {', or '.join(others)})"
+    if not (path / "tokenizer_config.json").is_file():
+        missing += " and tokenizer_config.json"
+    raise ValueError(f"model directory {path} has no tokenizer: missing {missing}")
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """The checkpoint to load: a Hugging Face directory, a .gguf file (or a directory holding
+    exactly one and no config.json), a named model (models/catalog/hub.py: fetched once into the
+    cache), or a hub id fetched with huggingface_hub (online only).
+
+    Also checks that a directory has tokenizer files, so a missing tokenizer is reported before
+    gigabytes of weights are read.
+    """
+    text = str(model)
+    if not text:
+        raise ValueError("model must be a path or a name, got an empty string")
+    path = Path(text).expanduser()
+    if path.is_file():
+        if not is_gguf(path):
+            raise ValueError(
+                f"model file {path} is not a .gguf file; pass a checkpoint directory "
+                "(config.json, *.safetensors, tokenizer.json) or a .gguf file"
+            )
+        return path
+    if path.is_dir():
+        return _checkpoint_in(path)
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or is_gguf(path)
+    if looks_like_path:
+        raise ValueError(f"model path {text!r} does not exist")
+    named = named_model_path(text)  # a verispec name (fetched once into the cache)
+    if named is not None:
+        return named if named.is_file() else _checkpoint_in(named)
+    return _checkpoint_in(_download(text))
+
+
+def resolve_head_path(head: str | Path) -> Path:
+    """A drafter head's directory (config.json and *.safetensors, no tokenizer of its own):
+    a local directory, a named head shipped with verispec (models/catalog/hub.py), or a hub id."""
+    text = str(head)
+    if not text:
+        raise ValueError("a drafter head must be a directory or a name, got an empty string")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"drafter head directory {path} has no config.json")
+        return path
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise ValueError(f"drafter head {text!r} is not a directory (config.json + safetensors)")
+    shipped = shipped_head(text)
+    if shipped is not None:
+        return shipped[0]
+    named = named_model_path(text)
+    return named if named is not None else _download(text)
+
+
+def _checkpoint_in(path: Path) -> Path:
+    """path if it is a Hugging Face checkpoint directory, else its only .gguf file."""
+    if (path / "config.json").is_file():
+        check_tokenizer_files(path)
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        names = ", ".join(f.name for f in ggufs)
+        raise ValueError(f"model directory {path} holds several .gguf files ({names}); pass one")
+    raise ValueError(
+        f"model directory {path} has no config.json and no .gguf file; expected a Hugging Face "
+        "checkpoint (config.json, *.safetensors, tokenizer.json) or a .gguf file"
+    )
+
+
+def _download(repo_id: str) -> Path:
+    """A hub checkpoint's local snapshot; a one-line ValueError when it cannot be fetched."""
+    from huggingface_hub import errors, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=repo_id, allow_patterns=HUB_FILES))
+    except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError):
+        reason = "nor a model on the Hugging Face hub (or it is private or gated)"
+    except errors.HFValidationError:
+        reason = "nor a valid Hugging Face model id"
+    except Exception as e:  # offline, DNS, proxy, timeouts: the hub client raises many kinds
+        reason = (
+            f"and the Hugging Face hub could not be reached to fetch it "
+            f"({type(e).__name__}; offline?)"
+        )
+    raise ValueError(
+        f"model {repo_id!r} is not a local file or directory, {reason}; pass the path of a "
+        "checkpoint directory or of a .gguf file"
+    )
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """ "auto" = float32 on the CPU (fast there), bfloat16 on an accelerator."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype}")
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    linear_backend: LinearBackend = "auto",
+    progress: bool = False,
+    batch_invariant: bool = False,
+    quantization: str | None = None,
+    compile: bool = False,
+) -> LlamaModel:
+    """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
+    from a GGUF file, read one tensor at a time from the file itself: on a float32 CPU model its
+    quantized blocks go straight into the native kernel's codes (gguf.gguf_weights), elsewhere
+    they are dequantized, then cast to dtype like safetensors weights.
+
+    quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
+    included; the embedding table stays as stored. compile runs the decoder stack through
+    torch.compile (models/kernels/compiled.py).
+    """
+    check_quantization(quantization)
+    check_compile(compile, batch_invariant)
+    backend = choose_backend(linear_backend, device, dtype, compile)
+    weights: GGUFWeights | dict[str, torch.Tensor]
+    if is_gguf(path) and device.type == "cpu" and dtype == torch.float32:
+        config, weights = gguf_weights(path, progress, cached_description(path, progress))
+        source = f"GGUF file {path}"
+    elif is_gguf(path):  # other devices and dtypes compute with the float values, cast
+        config, weights = read_gguf(path, dtype, device, progress)
+        source = f"GGUF file {path}"
+    else:
+        config = ModelConfig.from_file(path / "config.json")
+        weights = _read_safetensors(path, dtype, device, progress)
+        source = f"checkpoint {path}"
+    model = build_model(config, weights, backend, batch_invariant, quantization, source)
+    if compile:
+        model.compile()
+    return model
+
+
+def build_model(
+    config: ModelConfig,
+    weights: GGUFWeights | dict[str, torch.Tensor] | dict[str, Weight],
+    backend: str,
+    batch_invariant: bool = False,
+    quantization: str | None = None,
+    source: str = "checkpoint",
+) -> LlamaModel:
+    """A LlamaModel from Hugging Face tensor names -> weights (consumed: float tensors, or a
+    GGUF file's codes and embedding blocks); backend as returned by choose_backend. Every
+    weight's shape is checked against the config here, at load time. source names the weights
+    in error messages."""
+    shapes = config.tensor_shapes()
+
+    def linear(weight: Weight, bias: torch.Tensor | None) -> Linear:
+        return Linear(weight, bias, backend, batch_invariant, quantization)
+
+    def take(name: str) -> Any:
+        tensor = maybe(name)
+        if tensor is None:
+            raise ValueError(f"{source} lacks tensor {name!r}")
+        return tensor
+
+    def maybe(name: str) -> Any:
+        tensor = weights.pop(name, None)
+        shape = None if tensor is None else weight_shape(tensor)
+        if shape is not None and shape != shapes[name]:
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {list(shape)}, but the config "
+                f"implies {list(shapes[name])}"
+            )
+        return tensor
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        qkv_names = [f"{p}self_attn.{n}_proj" for n in "qkv"]
+        qkv_w = stacked([take(n + ".weight") for n in qkv_names])
+        qkv_b = torch.cat([take(n + ".bias") for n in qkv_names]) if config.qkv_bias else None
+        gate_up = stacked([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
+        layers.append(
+            DecoderLayer(
+                input_norm=take(f"{p}input_layernorm.weight"),
+                qkv=linear(qkv_w, qkv_b),
+                q_norm=take(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
+                k_norm=take(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
+                o=linear(take(f"{p}self_attn.o_proj.weight"), maybe(f"{p}self_attn.o_proj.bias")),
+                post_norm=take(f"{p}post_attention_layernorm.weight"),
+                gate_up=linear(gate_up, None),
+                down=linear(take(f"{p}mlp.down_proj.weight"), None),
+                window=config.sliding_windows[i] if config.sliding_windows else None,
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    head = maybe("lm_head.weight")
+    if head is None:
+        if not config.tie_word_embeddings:
+            raise ValueError(f"{source} lacks tensor 'lm_head.weight'")
+        head = embed.codes() if isinstance(embed, BlockEmbedding) else embed
+    final_norm = take("model.norm.weight")
+    lm_head = linear(head, None)
+    pack_together([lin for la in layers for lin in (la.qkv, la.o, la.gate_up, la.down)] + [lm_head])
+    release_freed_memory()
+    return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant)
+
+
+def weight_shape(weight: Weight) -> tuple[int, ...]:
+    """[out, in] of a weight in any of the forms a checkpoint loads as."""
+    if isinstance(weight, AffineCodes):
+        return tuple(weight.codes.shape)
+    return tuple(weight.shape)
+
+
+def _read_safetensors(
+    path: Path, dtype: torch.dtype, device: torch.device, progress: bool
+) -> dict[str, torch.Tensor]:
+    """Every tensor of a single-file or sharded (model.safetensors.index.json) checkpoint."""
+    files = _safetensors_files(path)
+    weights: dict[str, torch.Tensor] = {}
+    handles = []
+    for file in files:
+        try:
+            handles.append((file, safe_open(str(file), framework="pt", device="cpu")))
+        except (OSError, SafetensorError) as e:
+            raise ValueError(f"checkpoint file {file} is corrupt or truncated ({e})") from e
+    total = sum(len(h.keys()) for _, h in handles)
+    with tqdm(total=total, desc=f"loading {path.name}", unit="tensor", disable=not progress,
+              leave=False) as bar:  # fmt: skip
+        for file, handle in handles:
+            for name in handle.keys():
+                try:
+                    tensor = handle.get_tensor(name)
+                except (OSError, SafetensorError) as e:
+                    raise ValueError(f"checkpoint file {file} is corrupt or truncated ({e})") from e
+                weights[name] = tensor.to(device=device, dtype=dtype)
+                bar.update()
+    return weights
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The shards model.safetensors.index.json lists, else every *.safetensors file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shard_names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"checkpoint index {index} is not valid: expected JSON with a "
+                f'"weight_map" of tensor name -> shard file ({type(e).__name__}: {e})'
+            ) from e
+        files = [path / n for n in shard_names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"checkpoint index {index} lists missing shards: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model directory {path} has no *.safetensors weights")
+    return files
