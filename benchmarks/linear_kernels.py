@@ -75,7 +75,7 @@ def make_linear(kernel: str, weight: torch.Tensor) -> Linear:
         return Linear(weight, None, "auto", quantization="int8")
     linear = Linear(weight, None, "native" if kernel == "native-fp32" else kernel)
     if kernel == "native-fp32":
-        linear.weight = packing.pack(weight, torch.float32)
+        linear.packed = packing.pack(weight, torch.float32)
     return linear
 
 

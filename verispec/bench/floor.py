@@ -19,6 +19,7 @@ import torch
 from verispec.bench.verify_cost import step_ms, verify_cost_curve
 from verispec.models.kernels.linear import Linear, exactly_fp16
 from verispec.models.kernels.native_layer import greedy_steps
+from verispec.models.kernels.packing import PackedWeight
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 
@@ -43,14 +44,11 @@ def linear_bytes(linear: Linear) -> WeightBytes:
     if linear.kernel == "fp16":  # FBGEMM's packed float16 copy
         return WeightBytes(2 * n + bias, 2 * n + bias)
     if linear.kernel == "native":  # the fewest bytes that hold the values exactly
-        packed = cast(torch.Tensor, linear.weight)
-        if linear.native_scales is None:  # float16 or float32 (padding aside)
-            size = n * packed.element_size() + bias
-        else:  # affine codes (padded; a byte each, two a byte when all in 0..15, or Q6_K's
-            # 6 bits in two planes) + their scales as stored (per 32 or 16 columns, float32 or
-            # float16, d alone or d and m, or as a K-quant file stores their factors: uint8)
-            scales = linear.native_scales
-            size = packed.numel() + scales.element_size() * scales.numel() + bias
+        # float16 or float32 (padding aside), or affine codes (padded; a byte each, two a byte
+        # when all in 0..15, or Q6_K's 6 bits in two planes) + their scales as stored (per 32
+        # or 16 columns, float32 or float16, d alone or d and m, or as a K-quant file stores
+        # their factors: uint8): PackedWeight.bytes
+        size = cast(PackedWeight, linear.packed).bytes + bias
         return WeightBytes(size, size)
     weight = cast(torch.Tensor, linear.weight)  # the torch and onednn kernels keep tensors
     read = n * weight.element_size() + bias

@@ -9,6 +9,7 @@ import torch
 from verispec.models.kernels import build
 from verispec.models.kernels import linear as linear_module
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
+from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import (
     Linear,
     choose_backend,
@@ -67,8 +68,11 @@ def test_auto_takes_the_native_kernel_whatever_the_vendor(
         assert kernel_for("auto", weights(8, 4, fp16_values)) == "native"
     assert choose_backend("auto", CPU, torch.float32, compile=True) == "native"
     # float16 values are packed in float16 (half the bytes), others in float32: nothing rounds
-    assert Linear(weights(8, 4, True), None, "native").weight.dtype == torch.float16
-    assert Linear(weights(8, 4, False), None, "native").weight.dtype == torch.float32
+    halves, floats = (Linear(weights(8, 4, v), None, "native").packed for v in (True, False))
+    assert halves is not None and halves.format == WeightFormat.F16
+    assert halves.codes.dtype == torch.float16
+    assert floats is not None and floats.format == WeightFormat.F32
+    assert floats.codes.dtype == torch.float32
 
 
 def test_the_float32_fallback_is_the_faster_measured_kernel() -> None:

@@ -5,6 +5,7 @@ batch-invariant mode and verification rely on). Its build is tested in test_buil
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,11 @@ import torch
 from verispec.models.kernels import build, ffi, packing, product
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.linear import Linear, choose_backend, pack_together
-from verispec.models.kernels.packing import pack
+from verispec.models.kernels.packing import PackedWeight, pack
 from verispec.models.kernels.quantization import round_to_q8_0
 
 CPU = torch.device("cpu")
+F = ffi.WeightFormat
 KERNEL = native_kernel()
 needs_kernel = pytest.mark.skipif(
     not isinstance(KERNEL, NativeKernel),
@@ -32,14 +34,20 @@ def kernels() -> list[NativeKernel]:
 
 def test_pack_worked_example() -> None:
     w = torch.arange(6, dtype=torch.float32).view(2, 3)
-    packed = pack(w, torch.float16)
+    p = pack(w, torch.float16)
+    packed = p.codes
+    assert (p.format, p.scales, p.out_features, p.in_features, p.columns) == (F.F16, None, 2, 3,
+                                                                              16)  # fmt: skip
     assert packed.shape == (1, 1, 16, 16) and packed.dtype == torch.float16
     assert torch.equal(packed[0, 0, :2, :3].float(), w)
     assert packed.float().sum() == w.sum()  # the padding is zeros
     wide = torch.randn(20, 40)  # two row blocks, three column chunks
-    packed = pack(wide, torch.float32)
+    p = pack(wide, torch.float32)
+    packed = p.codes
+    assert (p.format, p.columns, p.bytes) == (F.F32, 48, 20 * 40 * 4)
     assert packed.shape == (2, 3, 16, 16)
     assert torch.equal(packed[1, 2, 3, 5], wide[16 + 3, 32 + 5])
+    assert pack(wide, torch.float16).bytes == 20 * 40 * 2  # PackedWeight's docstring example
 
 
 @needs_kernel
@@ -55,7 +63,7 @@ def test_products_match_float64_on_every_instruction_set(
     for kernel in kernels():
         for rows in (1, 2, 3, 5, 8, 17):
             x = torch.randn(rows, inp, generator=g)
-            got = product._product(kernel, x, packed, b, out)
+            got = product._product(kernel, x, packed, b)
             expected = x.double() @ w.double().T + b.double()
             torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=0)
 
@@ -69,11 +77,11 @@ def test_every_row_is_its_one_row_product(dtype: torch.dtype) -> None:
     packed = pack(w, dtype)
     x = torch.randn(11, 1536, generator=g)
     for kernel in kernels():
-        whole = product._product(kernel, x, packed, None, 50)
+        whole = product._product(kernel, x, packed, None)
         for i in range(11):
-            alone = product._product(kernel, x[i : i + 1], packed, None, 50)
+            alone = product._product(kernel, x[i : i + 1], packed, None)
             assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)
-        shifted = product._product(kernel, x[3:9], packed, None, 50)
+        shifted = product._product(kernel, x[3:9], packed, None)
         assert torch.equal(shifted, whole[3:9]), kernel.isa_name
 
 
@@ -89,7 +97,7 @@ def test_it_needs_float32_on_the_cpu() -> None:
 
 
 def test_the_arena_keeps_values_and_order_on_aligned_huge_pages() -> None:
-    packed = [pack(torch.randn(n, 40), torch.float16) for n in (20, 7, 33)]
+    packed = [pack(torch.randn(n, 40), torch.float16).codes for n in (20, 7, 33)]
     moved = packing.into_arena(packed)
     assert all(torch.equal(a, b) for a, b in zip(moved, packed, strict=True))
     assert moved[0].data_ptr() % packing.HUGE_PAGE == 0
@@ -107,7 +115,10 @@ def test_pack_together_leaves_every_product_unchanged() -> None:
     x = {k: torch.randn(3, k, generator=g) for k in (32, 48)}
     before = [lin(x[lin.in_features]) for lin in layers]
     pack_together(layers)
-    first, third = layers[0].weight, layers[2].weight  # float16 ones share an arena, in order
+    first, third = (lin.packed.codes for lin in layers[::2])  # float16 ones share an arena, in
+    # order; the format and shape stay those packed
+    assert [(lin.packed.format, lin.packed.out_features) for lin in layers] == [
+        (F.F16, 24), (F.F32, 16), (F.F16, 40)]  # fmt: skip
     assert third.data_ptr() == first.data_ptr() + 2 * first.numel()
     for lin, y in zip(layers, before, strict=True):
         assert torch.equal(lin(x[lin.in_features]), y)
@@ -119,9 +130,9 @@ def test_long_inputs_split_into_calls_without_changing_a_row() -> None:
     w = torch.randn(24, 64, generator=g)
     packed = pack(w, torch.float32)
     x = torch.randn(product.CHUNK_ROWS * 2 + 5, 64, generator=g)
-    whole = product.product(x, packed, None, 24)
+    whole = product.product(x, packed, None)
     for i in (0, product.CHUNK_ROWS - 1, product.CHUNK_ROWS, x.shape[0] - 1):
-        assert torch.equal(product.product(x[i : i + 1], packed, None, 24)[0], whole[i])
+        assert torch.equal(product.product(x[i : i + 1], packed, None)[0], whole[i])
     torch.testing.assert_close(whole.double(), x.double() @ w.double().T, atol=2e-5, rtol=0)
 
 
@@ -165,18 +176,16 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     w = gguf_like(37, 3, 2)
     bias = torch.randn(37)
     linear = Linear(w, bias, "native")
-    assert linear.native_scales is not None
-    assert packing.kind_of(linear.weight, linear.native_scales) == 4  # two codes a byte
+    packed = linear.packed
+    assert packed is not None and packed.format == F.Q4_F16_DM  # two codes a byte
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
-    packed, scales = linear.weight, linear.native_scales
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = [product._product(kernel, x[i : i + 1], packed, b, 37, scales)[0]
-                 for i in range(40)]  # fmt: skip
+        alone = [product._product(kernel, x[i : i + 1], packed, b)[0] for i in range(40)]
         # 2-8 rows: tiles of 4 x 4 and their remainders (and 37 outputs: a part block); 40:
         # each block unpacked once.
         for rows in (2, 3, 4, 5, 8, 9, 40):
-            whole = product._product(kernel, x[:rows], packed, b, 37, scales)
+            whole = product._product(kernel, x[:rows], packed, b)
             expected = x[:rows].double() @ w.double().T + (0 if b is None else b.double())
             torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
             for i in range(rows):
@@ -190,14 +199,19 @@ def test_4_bit_codes_layout() -> None:
     codes = torch.zeros(6, 32, dtype=torch.int8)
     codes[5, 0], codes[5, 16] = 1, 2
     ones = torch.ones(6, 1)
-    packed, half = packing.pack_codes(packing.AffineCodes(codes, ones, 0 * ones))
+    p = packing.pack_codes(packing.AffineCodes(codes, ones, 0 * ones))
+    packed = p.codes
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.int8
     assert packed[0, 0, 1, 0, 1] == 0x21 and int(packed.sum()) == 0x21
-    assert packing.kind_of(packed, half) == 4
+    assert p.format == F.Q4_F16_DM
     w = gguf_like(37, 3, 5)
     codes_of = packing.affine_codes(w)
     assert codes_of is not None
-    packed, _ = packing.pack_codes(codes_of)
+    p = packing.pack_codes(codes_of)
+    assert (p.format, p.out_features, p.in_features, p.columns) == (F.Q4_F16_DM, 37, 96, 96)
+    assert p.scales is not None and p.scales.shape == (3, 3, 2, 16)  # the docstring's example
+    assert p.scales.dtype == torch.float16
+    packed = p.codes
     b, c, v, lane, r, high = torch.meshgrid(
         *(torch.arange(n) for n in (3, 3, 4, 16, 4, 2)), indexing="ij"
     )
@@ -220,19 +234,21 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
     codes = packing.affine_codes(w)
     assert codes is not None
-    packed, half = packing.pack_codes(codes)
-    kind, rows_of_scales = (4, 2) if form == "q4_1" else (5, 1)
-    assert half.dtype == torch.float16 and half.shape[2] == rows_of_scales
-    assert packing.kind_of(packed, half) == kind
+    packed = packing.pack_codes(codes)
+    fmt, rows_of_scales = (F.Q4_F16_DM, 2) if form == "q4_1" else (F.Q8_F16_D, 1)
+    half = packed.scales
+    assert half is not None and half.dtype == torch.float16 and half.shape[2] == rows_of_scales
+    assert packed.format == fmt
     bytes_each, full = packing._codes_and_scales(codes)
-    assert full.dtype == torch.float32 and packing.kind_of(bytes_each, full) == 2
-    assert packed.numel() == bytes_each.numel() // (2 if form == "q4_1" else 1)
+    assert full.dtype == torch.float32
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    assert packed.codes.numel() == bytes_each.numel() // (2 if form == "q4_1" else 1)
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 40):
-            got = product._product(kernel, x[:rows], packed, bias, out, half)
-            want = product._product(kernel, x[:rows], bytes_each, bias, out, full)
+            got = product._product(kernel, x[:rows], packed, bias)
+            want = product._product(kernel, x[:rows], twin, bias)
             assert torch.equal(got, want), (kernel.isa_name, rows)
             expected = x[:rows].double() @ w.double().T + bias.double()
             torch.testing.assert_close(got.double(), expected, atol=5e-5, rtol=0)
@@ -253,12 +269,14 @@ def test_a8_codes_layout_worked_example() -> None:
     w[1, 6] = -0.25  # code -2
     codes = packing.affine_codes(w)
     assert codes is not None
-    packed, scales = packing.pack_codes_a8(codes)
+    p = packing.pack_codes_a8(codes)
+    packed, scales = p.codes, p.scales
+    assert p.format == F.Q8_A8 and scales is not None
     assert packed.shape == (1, 1, 8, 16, 4) and packed.dtype == torch.uint8
     # column 5 = 4 * 1 + 1, column 6 = 4 * 1 + 2: group 1, row 1; codes + 128
     assert packed[0, 0, 1, 1, 1] == 255 and packed[0, 0, 1, 1, 2] == 126
     assert packed[0, 0, 0, 0, 0] == 128  # a zero code
-    assert scales[0, 0, 0, 1] == 0.125 and packing.packed_columns(packed) == 32
+    assert scales[0, 0, 0, 1] == 0.125 and p.columns == 32
 
 
 def test_a8_4_bit_codes_layout_worked_example() -> None:
@@ -267,10 +285,11 @@ def test_a8_4_bit_codes_layout_worked_example() -> None:
     codes = torch.zeros(2, 32, dtype=torch.int8)
     codes[1, 5], codes[1, 21] = 3, 15  # columns 4 * 1 + 1 and 16 + 4 * 1 + 1
     ones = torch.ones(2, 1)
-    packed, scales = packing.pack_codes_a8(packing.AffineCodes(codes, ones, 0 * ones))
+    p = packing.pack_codes_a8(packing.AffineCodes(codes, ones, 0 * ones))
+    packed = p.codes
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
     assert packed[0, 0, 1, 1, 1] == 0xF3 and int(packed.sum()) == 0xF3
-    assert packing.kind_of(packed, scales) == 6
+    assert p.format == F.Q4_A8
 
 
 @needs_kernel
@@ -281,24 +300,25 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
     w = gguf_like(out, 3, 9)
     codes = packing.affine_codes(w)
     assert codes is not None
-    nibbles, scales = packing.pack_codes_a8(codes)
-    assert packing.kind_of(nibbles, scales) == 6
-    low, high = nibbles & 15, nibbles >> 4
-    bytes_each = (torch.cat([low, high], dim=2).to(torch.int16) + 128).to(torch.uint8)
-    assert packing.kind_of(bytes_each, scales) == 3
+    nibbles = packing.pack_codes_a8(codes)
+    assert nibbles.format == F.Q4_A8
+    low, high = nibbles.codes & 15, nibbles.codes >> 4
+    bytes_each = replace(nibbles, format=F.Q8_A8, codes=(torch.cat([low, high], dim=2)
+                                                         .to(torch.int16) + 128).to(torch.uint8))
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(10))
     bias = torch.randn(out)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = product._product(kernel, x[:rows], nibbles, bias, out, scales)
-            want = product._product(kernel, x[:rows], bytes_each, bias, out, scales)
+            got = product._product(kernel, x[:rows], nibbles, bias)
+            want = product._product(kernel, x[:rows], bytes_each, bias)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
 @needs_kernel
-@pytest.mark.parametrize(("form", "kind"), [("q4_1", 6), ("q8_0", 3), ("q4_k", 10), ("q5_k", 11)])
+@pytest.mark.parametrize(("form", "fmt"), [("q4_1", F.Q4_A8), ("q8_0", F.Q8_A8),
+                                           ("q4_k", F.Q4_F32_A8), ("q5_k", F.Q8_F32_A8)])
 @pytest.mark.parametrize("out", [37, 64])  # 64: up to 4 rows go in pairs of blocks
-def test_a8_products_round_each_row_on_its_own(form: str, kind: int, out: int) -> None:
+def test_a8_products_round_each_row_on_its_own(form: str, fmt: ffi.WeightFormat, out: int) -> None:
     """Quantization "a8": the product of the codes with x rounded to 8-bit blocks; bit for bit
     the same on every instruction set (integer sums) and for a row alone or among others.
     K-quant codes (float32 d and m, kinds 10 and 11) included."""
@@ -316,18 +336,16 @@ def test_a8_products_round_each_row_on_its_own(form: str, kind: int, out: int) -
         weight = w
     bias = torch.randn(out, generator=g)
     linear = Linear(weight, bias, "native", quantization="a8")
-    assert linear.weight.dtype == torch.uint8 and linear.native_scales is not None
-    assert packing.kind_of(linear.weight, linear.native_scales) == kind
+    packed = linear.packed
+    assert packed is not None and packed.codes.dtype == torch.uint8 and packed.format == fmt
     x = torch.randn(40, 96, generator=g) * torch.logspace(-3, 1, 96)  # chunks of many sizes
     x[0, :32] = 0.0  # an all-zero chunk rounds to zeros
-    packed, scales = linear.weight, linear.native_scales
     expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
     results = []
     for kernel in kernels():
-        alone = [product._product(kernel, x[i : i + 1], packed, bias, out, scales)[0]
-                 for i in range(40)]  # fmt: skip
+        alone = [product._product(kernel, x[i : i + 1], packed, bias)[0] for i in range(40)]
         for rows in (2, 3, 4, 5, 8, 9, 13, 16, 40):  # tiles of 8, 4 and 1-3 rows
-            whole = product._product(kernel, x[:rows], packed, bias, out, scales)
+            whole = product._product(kernel, x[:rows], packed, bias)
             torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
             for i in range(rows):
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
@@ -347,16 +365,16 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
     codes = packing.affine_codes(w)
     assert codes is not None
-    packed, half = packing.pack_codes_a8(codes)
-    assert packing.kind_of(packed, half) == (6 if form == "q4_1" else 3)
-    full = half.float()
-    assert packing.kind_of(packed, full) == (10 if form == "q4_1" else 11)
+    half = packing.pack_codes_a8(codes)
+    assert half.format == (F.Q4_A8 if form == "q4_1" else F.Q8_A8) and half.scales is not None
+    full = replace(half, format=F.Q4_F32_A8 if form == "q4_1" else F.Q8_F32_A8,
+                   scales=half.scales.float())  # fmt: skip
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = product._product(kernel, x[:rows], packed, bias, out, full)
-            want = product._product(kernel, x[:rows], packed, bias, out, half)
+            got = product._product(kernel, x[:rows], full, bias)
+            want = product._product(kernel, x[:rows], half, bias)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
@@ -369,7 +387,8 @@ def test_a8_needs_weights_stored_as_codes() -> None:
         Linear(gguf_like(32, 2, 1), None, "torch", quantization="a8")
     coded = Linear(w, None, "auto", quantization="w8a8")  # rounded to q8_0 first
     pack_together([coded])
-    assert coded.weight.dtype == torch.uint8
+    assert coded.packed is not None and coded.packed.format == F.Q8_A8
+    assert coded.packed.codes.dtype == torch.uint8
 
 
 def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> packing.AffineCodes:
@@ -409,27 +428,30 @@ def test_k_quant_layouts() -> None:
     columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both; under a8 Q4_K
     codes are kind 6's layout with float32 d and m (kind 10)."""
     codes = k_quant_codes(37, 3, 1, "q4_k")
-    packed, scales = packing.pack_codes(codes)
+    p = packing.pack_codes(codes)
+    packed, scales = p.codes, p.scales
+    assert scales is not None and p.format == F.Q4_F32_DM
     assert packed.shape == (3, 3, 4, 16, 4) and packed.dtype == torch.int8
     assert scales.shape == (3, 3, 2, 16) and scales.dtype == torch.float32
-    assert packing.kind_of(packed, scales) == 7
     assert scales[1, 2, 0, 3] == codes.d[19, 2] and scales[1, 2, 1, 3] == codes.m[19, 2]
     assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
-    for form, kind, dm in (("mixed", 8, 2), ("q6_k", 9, 1)):
+    for form, fmt, dm in (("mixed", F.Q8_F32_DM_HALVES, 2), ("q6_k", F.Q8_F32_D_HALVES, 1)):
         codes = k_quant_codes(37, 3, 2, form)
-        packed, scales = packing.pack_codes(codes)
-        assert packing.kind_of(packed, scales) == kind
+        p = packing.pack_codes(codes)
+        packed, scales = p.codes, p.scales
+        assert scales is not None and p.format == fmt
         assert packed.shape == (3, 3, 16, 32) and scales.shape == (3, 3, 2, dm, 16)
         assert torch.equal(packed[1, 2, 3], codes.codes[19, 64:96])
         assert scales[1, 2, 1, 0, 3] == codes.d[19, 5]  # columns 80 .. 95: group 5
-        if kind == 8:
+        if fmt == F.Q8_F32_DM_HALVES:
             assert scales[1, 2, 0, 1, 3] == codes.m[19, 4] != 0
-        assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == (1.5 if kind == 8 else 1.25)
+        assert p.bytes / (48 * 96) == (1.5 if fmt == F.Q8_F32_DM_HALVES else 1.25)
         with pytest.raises(ValueError, match="one d and m per 32 columns"):
             packing.pack_codes_a8(codes)
     codes = k_quant_codes(37, 3, 1, "q4_k")
-    packed, scales = packing.pack_codes_a8(codes)
-    assert packing.kind_of(packed, scales) == 10
+    p = packing.pack_codes_a8(codes)
+    packed, scales = p.codes, p.scales
+    assert scales is not None and p.format == F.Q4_F32_A8
     assert packed.shape == (3, 3, 4, 16, 4) and scales.shape == (3, 3, 2, 16)
     assert scales.dtype == torch.float32 and scales[1, 2, 1, 3] == codes.m[19, 2]
     assert (packed.numel() + 4 * scales.numel()) / (48 * 96) == 0.75  # bytes a weight
@@ -438,22 +460,22 @@ def test_k_quant_layouts() -> None:
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 40)  # 40: prefill-sized calls unpack each block once
 
 
-def assert_products(packed, scales, twin, twin_scales, w, out, exact: bool) -> None:
-    """The products of (packed, scales) near x W^T (+ b) in float32 on every instruction set,
-    row count, with and without bias, rows bitwise lone rows; bitwise those of (twin,
-    twin_scales) where exact."""
+def assert_products(packed: PackedWeight, twin: PackedWeight, w: torch.Tensor, exact: bool) -> None:
+    """The products of packed near x W^T (+ b) in float32 on every instruction set, row count,
+    with and without bias, rows bitwise lone rows; bitwise those of twin where exact."""
+    out = packed.out_features
     g = torch.Generator().manual_seed(out)
     x = torch.randn(40, w.shape[1], generator=g)
     bias = torch.randn(out, generator=g)
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = product._product(kernel, x[:1], packed, b, out, scales)[0]
+        alone = product._product(kernel, x[:1], packed, b)[0]
         for rows in ROW_COUNTS:
-            got = product._product(kernel, x[:rows], packed, b, out, scales)
+            got = product._product(kernel, x[:rows], packed, b)
             reference = x[:rows] @ w.T + (0 if b is None else b)
             scale = (x[:rows].abs() @ w.abs().T).amax()
             torch.testing.assert_close(got, reference, atol=float(scale) * 2e-6, rtol=0)
             assert torch.equal(got[0], alone), (kernel.isa_name, rows)
-            want = product._product(kernel, x[:rows], twin, b, out, twin_scales)
+            want = product._product(kernel, x[:rows], twin, b)
             if exact:
                 assert torch.equal(got, want), (kernel.isa_name, rows)
 
@@ -464,11 +486,12 @@ def test_kind_7_gives_kind_2s_products(out: int) -> None:
     """Q4_K-like codes two a byte with float32 d and m (kind 7) give, bit for bit, the products
     of the same codes a byte each (kind 2)."""
     codes = k_quant_codes(out, 4, out, "q4_k")
-    packed, scales = packing.pack_codes(codes)
-    assert packing.kind_of(packed, scales) == 7
+    packed = packing.pack_codes(codes)
+    assert packed.format == F.Q4_F32_DM and packed.scales is not None
     bytes_each, full = packing._codes_and_scales(codes)
-    assert packing.kind_of(bytes_each, full) == 2 and torch.equal(full, scales)
-    assert_products(packed, scales, bytes_each, full, materialized(codes), out, exact=True)
+    assert torch.equal(full, packed.scales)
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    assert_products(packed, twin, materialized(codes), exact=True)
 
 
 @needs_kernel
@@ -478,12 +501,15 @@ def test_16_column_scales_match_float32(form: str, out: int) -> None:
     """d and m each 16 columns (kind 8; kind 9 with d alone): products near the float32 ones
     of the dequantized weight; kind 9's bitwise kind 8's with its m stored as zeros."""
     codes = k_quant_codes(out, 4, out, form)
-    packed, scales = packing.pack_codes(codes)
-    kind = packing.kind_of(packed, scales)
-    assert kind == (8 if form == "mixed" else 9)
-    with_m = torch.cat([scales, torch.zeros_like(scales)], dim=3) if kind == 9 else scales
-    assert packing.kind_of(packed, with_m) == 8
-    assert_products(packed, scales, packed, with_m, materialized(codes), out, exact=kind == 9)
+    packed = packing.pack_codes(codes)
+    scales = packed.scales
+    assert scales is not None
+    d_alone = packed.format == F.Q8_F32_D_HALVES
+    assert packed.format == (F.Q8_F32_DM_HALVES if form == "mixed" else F.Q8_F32_D_HALVES)
+    with_m = replace(packed, format=F.Q8_F32_DM_HALVES,
+                     scales=torch.cat([scales, torch.zeros_like(scales)], dim=3)
+                     ) if d_alone else packed  # fmt: skip
+    assert_products(packed, with_m, materialized(codes), exact=d_alone)
 
 
 @needs_kernel
@@ -499,12 +525,12 @@ def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
         q = torch.randint(-127, 128, (45, 128), generator=g, dtype=torch.int8)
         codes = packing.AffineCodes(q, d, torch.zeros(45, 4))
     bytes_each, full = packing._codes_and_scales(codes)
-    assert packing.kind_of(bytes_each, full) == 2
     halves = packing.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
                                  codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
-    packed, scales = packing.pack_codes(halves)
-    assert packing.kind_of(packed, scales) == (8 if form == "q4_k" else 9)
-    assert_products(packed, scales, bytes_each, full, materialized(codes), 45, exact=True)
+    packed = packing.pack_codes(halves)
+    assert packed.format == (F.Q8_F32_DM_HALVES if form == "q4_k" else F.Q8_F32_D_HALVES)
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    assert_products(packed, twin, materialized(codes), exact=True)
 
 
 def k_quantized(w: torch.Tensor, form: str) -> packing.AffineCodes:
@@ -527,7 +553,7 @@ def k_quantized(w: torch.Tensor, form: str) -> packing.AffineCodes:
 
 def unpacked(lin: Linear) -> torch.Tensor:
     """A native layer's float weight [out, in] from its packed blocks (`pack`'s inverse)."""
-    packed = lin.weight
+    packed = lin.packed.codes
     blocks, chunks = packed.shape[:2]
     whole = packed.float().permute(0, 2, 1, 3).reshape(blocks * 16, chunks * 16)
     return whole[: lin.out_features, : lin.in_features]
@@ -551,9 +577,10 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
             for lin, form in ((layer.qkv, "mixed"), (layer.o, "q4_k"), (layer.gate_up, "q6_k"),
                               (layer.down, "q4_k")):  # fmt: skip
                 codes = k_quantized(unpacked(lin), form)
-                lin.weight, lin.native_scales = packing.pack_codes(codes)
-        assert {packing.kind_of(lin.weight, lin.native_scales) for layer in model.layers
-                for lin in (layer.qkv, layer.o, layer.gate_up)} == {7, 8, 9}  # fmt: skip
+                lin.packed = packing.pack_codes(codes)
+        assert {lin.packed.format for layer in model.layers
+                for lin in (layer.qkv, layer.o, layer.gate_up)} == {
+            F.Q4_F32_DM, F.Q8_F32_DM_HALVES, F.Q8_F32_D_HALVES}  # fmt: skip
         model.native = (NativeStack(model.layers, model.config, model.inv_freq, model.final_norm)
                         if native else None)  # fmt: skip
         runners.append(Runner(model))
@@ -580,8 +607,9 @@ def test_super_scales_layout_worked_example() -> None:
     """Kind 12's scales [N'/16, K/256, 320]: d16 and negmin of the block's 16 rows, then each
     chunk's sub_d and sub_m of the 16 rows (0.578 bytes a weight with the codes)."""
     codes = q4_k_super_codes(37, 2, 3)
-    packed, scales = packing.pack_codes(codes)
-    assert packing.kind_of(packed, scales) == 12
+    p = packing.pack_codes(codes)
+    scales = p.scales
+    assert p.format == F.Q4_SUPER_DM and scales is not None
     assert scales.shape == (3, 2, 320) and scales.dtype == torch.uint8
     f = codes.super_scales
     assert f is not None
@@ -590,7 +618,7 @@ def test_super_scales_layout_worked_example() -> None:
     assert scales[1, 1, 64 + 32 + 1] == f.sub_d[17, 9]  # columns 288 .. 319: chunk 9
     assert scales[1, 1, 64 + 48 + 1] == f.sub_m[17, 9]
     assert scales[2, :, 64 + 5].tolist() == [0, 0]  # row 37: padding
-    assert (packed.numel() + scales.numel()) / (48 * 512) == 0.578125  # bytes a weight
+    assert p.bytes / (48 * 512) == 0.578125  # bytes a weight
 
 
 @needs_kernel
@@ -600,20 +628,18 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
     they give those kinds' products bit for bit, on every kernel and row count."""
     codes = q4_k_super_codes(out, 2, out)
     plain = packing.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
-    for packer, kinds in ((packing.pack_codes, (12, 7)),
-                        (packing.pack_codes_a8, (13, 10))):  # fmt: skip
-        stored, stored_scales = packer(codes)
-        wide, wide_scales = packer(plain)
-        assert (packing.kind_of(stored, stored_scales),
-                packing.kind_of(wide, wide_scales)) == kinds  # fmt: skip
-        assert torch.equal(stored, wide)
+    for packer, formats in ((packing.pack_codes, (F.Q4_SUPER_DM, F.Q4_F32_DM)),
+                            (packing.pack_codes_a8, (F.Q4_SUPER_A8, F.Q4_F32_A8))):  # fmt: skip
+        stored, wide = packer(codes), packer(plain)
+        assert (stored.format, wide.format) == formats
+        assert torch.equal(stored.codes, wide.codes)
         x = torch.randn(40, 512, generator=torch.Generator().manual_seed(out))
         bias = torch.randn(out)
         for kernel in kernels():
             for rows in ROW_COUNTS:
-                got = product._product(kernel, x[:rows], stored, bias, out, stored_scales)
-                want = product._product(kernel, x[:rows], wide, bias, out, wide_scales)
-                assert torch.equal(got, want), (kinds, kernel.isa_name, rows)
+                got = product._product(kernel, x[:rows], stored, bias)
+                want = product._product(kernel, x[:rows], wide, bias)
+                assert torch.equal(got, want), (formats, kernel.isa_name, rows)
 
 
 def q6_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
@@ -638,8 +664,9 @@ def test_q6_super_layout_worked_example() -> None:
     codes = q6_k_super_codes(37, 2, 3)
     codes.codes[2, 5] = 0x2B - 32  # u = 0x2B: row 2, column 5 of block 0, chunk 0 (p = 69)
     codes.codes[16 + 9, 32 * 3 + 30] = 31 - 32  # u = 31: row 9 of block 1, column 30 of chunk 3
-    packed, scales = packing.pack_codes(codes)
-    assert packing.kind_of(packed, scales) == ffi.WeightFormat.Q6_SUPER_D == 14
+    p = packing.pack_codes(codes)
+    packed, scales = p.codes, p.scales
+    assert p.format == F.Q6_SUPER_D == 14 and scales is not None
     assert packed.shape == (3, 16, 384) and packed.dtype == torch.int8
     assert scales.shape == (3, 2, 288) and scales.dtype == torch.uint8
     b = packed.view(torch.uint8)
@@ -653,7 +680,7 @@ def test_q6_super_layout_worked_example() -> None:
     assert scales[2, :, 32 + 5].tolist() == [0, 0]  # row 37 (block 2, row 5): padding, as
     assert not b[2, :, 96].any()  # are rows 37 and 39's column 0 (p = 160, 224) and 40 .. 47
     assert not b[2, :, 128:256].any() and not b[2, :, 256 + 64 :].any()
-    assert (packed.numel() + scales.numel()) / (48 * 512) == 0.8203125  # bytes a weight
+    assert p.bytes / (48 * 512) == 0.8203125  # bytes a weight
     assert 210 / 256 == 0.8203125  # a Q6_K block's bytes a weight
 
 
@@ -664,15 +691,13 @@ def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
     gives kind 9's products bit for bit, on every kernel, row count, with and without bias."""
     codes = q6_k_super_codes(out, supers, out)
     plain = packing.AffineCodes(codes.codes, codes.d, codes.m, group=16)  # no factors
-    stored, stored_scales = packing.pack_codes(codes)
-    wide, wide_scales = packing.pack_codes(plain)
-    assert (packing.kind_of(stored, stored_scales),
-            packing.kind_of(wide, wide_scales)) == (14, 9)  # fmt: skip
-    assert_products(stored, stored_scales, wide, wide_scales, materialized(codes), out, exact=True)
+    stored, wide = packing.pack_codes(codes), packing.pack_codes(plain)
+    assert (stored.format, wide.format) == (F.Q6_SUPER_D, F.Q8_F32_D_HALVES)
+    assert_products(stored, wide, materialized(codes), exact=True)
     x = torch.randn(product.CHUNK_ROWS + 3, supers * 256)  # calls split in passes
     for kernel in kernels():
-        got = product._product(kernel, x, stored, None, out, stored_scales)
-        assert torch.equal(got, product._product(kernel, x, wide, None, out, wide_scales))
+        got = product._product(kernel, x, stored, None)
+        assert torch.equal(got, product._product(kernel, x, wide, None))
 
 
 def test_q6_super_needs_its_factors_and_zero_m() -> None:
@@ -684,13 +709,13 @@ def test_q6_super_needs_its_factors_and_zero_m() -> None:
                                        codes.super_scales)  # fmt: skip
     with_m.m[3, 4] = -0.0
     assert not packing.q6_packable(with_m)
-    assert packing.kind_of(*packing.pack_codes(with_m)) == 8
+    assert packing.pack_codes(with_m).format == F.Q8_F32_DM_HALVES
     f = codes.super_scales
     assert isinstance(f, packing.Q6Scales)
     short = packing.Q6Scales(f.d16, f.sc[:, :8])  # 128 columns: no whole Q6_K block
     half = packing.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
                                      short)  # fmt: skip
-    assert packing.kind_of(*packing.pack_codes(half)) == 9
+    assert packing.pack_codes(half).format == F.Q8_F32_D_HALVES
     assert not packing.a8_packable(codes)
 
 
@@ -707,3 +732,44 @@ def test_native_q6_planes_give_torchs_bytes(rows: int, monkeypatch) -> None:
     torch_made = [packing.q6_planes(six), packing.q6_planes(every)]
     for a, b in zip(native, torch_made, strict=True):
         assert a.shape == b.shape and torch.equal(a, b)
+
+
+def test_each_packer_names_the_format_of_its_layout() -> None:
+    """Every packer returns a PackedWeight whose format is the one verispec.h names for the
+    layout it chose (test_build.py ties the header's names to ffi.WeightFormat): float weights
+    F32 or F16, each GGUF form's codes under pack_codes and pack_codes_a8, Q4_K and Q6_K codes
+    with their factors as stored; together they are every format, each once."""
+    g = torch.Generator().manual_seed(12)
+    q4_1 = packing.affine_codes(gguf_like(37, 3, 13))
+    q8_0 = packing.affine_codes(round_to_q8_0(torch.randn(37, 96, generator=g)))
+    assert q4_1 is not None and q8_0 is not None
+    q5_1 = packing.AffineCodes(torch.randint(0, 32, (37, 96), generator=g, dtype=torch.int8),
+                               torch.full((37, 3), 0.25), torch.full((37, 3), -0.5))  # fmt: skip
+    q4_k, q5_k = k_quant_codes(37, 3, 14, "q4_k"), k_quant_codes(37, 3, 14, "q5_k")
+    q4_k_super, q6_k_super = q4_k_super_codes(37, 1, 15), q6_k_super_codes(37, 1, 15)
+    packed = [
+        (pack(torch.randn(37, 40, generator=g), torch.float32), F.F32),
+        (pack(torch.randn(37, 40, generator=g).half().float(), torch.float16), F.F16),
+        (packing.pack_codes(q5_1), F.Q8_F32_DM),  # float16 d and m, 8-bit codes
+        (packing.pack_codes(q5_k), F.Q8_F32_DM),  # float32 d and m
+        (packing.pack_codes_a8(q8_0), F.Q8_A8),
+        (packing.pack_codes(q4_1), F.Q4_F16_DM),
+        (packing.pack_codes(q8_0), F.Q8_F16_D),
+        (packing.pack_codes_a8(q4_1), F.Q4_A8),
+        (packing.pack_codes(q4_k), F.Q4_F32_DM),
+        (packing.pack_codes(k_quant_codes(37, 3, 14, "mixed")), F.Q8_F32_DM_HALVES),
+        (packing.pack_codes(k_quant_codes(37, 3, 14, "q6_k")), F.Q8_F32_D_HALVES),
+        (packing.pack_codes_a8(q4_k), F.Q4_F32_A8),
+        (packing.pack_codes_a8(q5_k), F.Q8_F32_A8),
+        (packing.pack_codes(q4_k_super), F.Q4_SUPER_DM),
+        (packing.pack_codes_a8(q4_k_super), F.Q4_SUPER_A8),
+        (packing.pack_codes(q6_k_super), F.Q6_SUPER_D),
+        (packing.pack_q6(q6_k_super), F.Q6_SUPER_D),
+    ]
+    for p, fmt in packed:
+        assert isinstance(p.format, ffi.WeightFormat) and p.format == fmt, (p.format, fmt)
+        assert (p.scales is None) == (fmt in (F.F32, F.F16)), fmt
+        assert p.out_features == 37 and p.codes.shape[0] == 3, fmt  # rows padded to 48
+        # float weights' columns padded to 16; codes' in_features are their padded columns
+        assert p.columns == (48 if p.scales is None else p.in_features), fmt
+    assert {fmt for _, fmt in packed} == set(F)

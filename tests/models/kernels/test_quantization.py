@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from verispec import LLM
 from verispec.models.kernels import build
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
+from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear
 from verispec.models.kernels.packing import affine_codes
 from verispec.models.kernels.quantization import (
@@ -75,7 +76,9 @@ def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
     w = torch.randn(48, 96, generator=torch.Generator().manual_seed(2))
     assert affine_codes(w) is None and affine_codes(round_to_q8_0(w)) is not None
     linear = Linear(w, None, "native", quantization="q8_0")
-    assert linear.weight.dtype == torch.int8  # 1.25 bytes a value instead of 4
+    packed = linear.packed  # 8-bit codes and float16 d: 1.0625 bytes a value instead of 4
+    assert packed is not None and packed.format == WeightFormat.Q8_F16_D
+    assert packed.codes.dtype == torch.int8
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3))
     assert_close(linear(x).double(), x.double() @ round_to_q8_0(w).double().T, atol=2e-5, rtol=0)
 

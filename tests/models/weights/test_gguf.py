@@ -19,7 +19,6 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from verispec import LLM, SamplingParams
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import native_usable
-from verispec.models.kernels.packing import kind_of
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
 from verispec.models.weights.loader import load_model, resolve_model_path
@@ -118,11 +117,11 @@ def test_quantized_blocks_run_as_their_codes(case: Case) -> None:
     if qtype in ("F16", "BF16"):
         return
     assert all(lin.kernel == "native" for lin in linears)
-    assert all(lin.weight.dtype in (torch.int8, torch.uint8) for lin in linears), qtype
+    assert all(lin.packed.codes.dtype in (torch.int8, torch.uint8) for lin in linears), qtype
     assert isinstance(case.ours.embed, BlockEmbedding)
     if qtype == "Q6_K":  # the file's codes and d as stored (kind 14), its LM head too
         heads = [*linears, case.ours.lm_head]
-        assert {kind_of(lin.weight, lin.native_scales) for lin in heads} == {
+        assert {lin.packed.format for lin in heads} == {
             WeightFormat.Q6_SUPER_D
         }
 

@@ -13,6 +13,7 @@ from gguf.quants import dequantize
 
 from verispec.models.kernels import build, packing
 from verispec.models.kernels import linear as linear_module
+from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear, native_usable, pack_codes_by_rows
 from verispec.models.kernels.packing import dequantize_codes
 from verispec.models.weights import gguf_blocks
@@ -77,7 +78,8 @@ def test_products_over_codes_equal_a_float64_reference(kind: GGML) -> None:
     weight = torch.from_numpy(dequantize(data, kind).reshape(ROWS, COLUMNS)).double()
     bias = torch.randn(ROWS, generator=torch.Generator().manual_seed(3))
     lin = Linear(codes, bias, "auto")
-    assert lin.kernel == "native" and lin.weight.dtype in (torch.int8, torch.uint8)
+    assert lin.kernel == "native" and lin.packed is not None
+    assert lin.packed.codes.dtype in (torch.int8, torch.uint8)
     for rows in (1, 2, 4, 5, 8, 9, 16):
         x = torch.randn(rows, COLUMNS, generator=torch.Generator().manual_seed(rows))
         y = lin(x)
@@ -94,7 +96,12 @@ def test_packing_by_rows_equals_packing_whole(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setattr(linear_module, "PACK_ROWS", 32)
         pieces = pack_codes_by_rows(codes)
         whole = packing.pack_codes(codes)
-        assert all(torch.equal(a, b) for a, b in zip(pieces, whole, strict=True)), kind.name
+        assert pieces.format == whole.format, kind.name
+        assert torch.equal(pieces.codes, whole.codes), kind.name
+        assert pieces.scales is not None and whole.scales is not None
+        assert torch.equal(pieces.scales, whole.scales), kind.name
+        assert (pieces.out_features, pieces.in_features) == (whole.out_features,
+                                                             whole.in_features)  # fmt: skip
 
 
 def test_stacking_mixed_groups_keeps_every_value() -> None:
@@ -184,12 +191,13 @@ def test_q6_k_factors_multiply_out_to_d() -> None:
         assert isinstance(f, packing.Q6Scales)
         d = f.d16.float().repeat_interleave(16, 1) * f.sc.float()
         assert torch.equal(d.view(torch.int32), c.d.view(torch.int32))
-        assert packing.kind_of(*pack_codes_by_rows(c)) == 14
+        assert pack_codes_by_rows(c).format == WeightFormat.Q6_SUPER_D
     four = block_codes(random_blocks(GGML.Q4_K, ROWS, COLUMNS), GGML.Q4_K, ROWS, COLUMNS)
     qkv = stacked([four, four, codes])  # q, k as Q4_K with v as Q6_K
-    assert qkv.super_scales is None and packing.kind_of(*pack_codes_by_rows(qkv)) == 8
+    assert qkv.super_scales is None
+    assert pack_codes_by_rows(qkv).format == WeightFormat.Q8_F32_DM_HALVES
     lin = Linear(codes, None, "auto")
-    assert packing.kind_of(lin.weight, lin.native_scales) == 14
+    assert lin.packed is not None and lin.packed.format == WeightFormat.Q6_SUPER_D
     assert linear_module.kernels_in_use([lin]) == {"6-bit codes, d as stored (Q6_K)":
                                                    f"native {build.loaded().isa_name}"}
 

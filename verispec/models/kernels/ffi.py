@@ -15,7 +15,8 @@ ABI_VERSION = 4
 
 class WeightFormat(IntEnum):
     """What a packed weight holds: verispec.h's enum verispec_weight_format, name for name
-    (VERISPEC_Q4_F32_DM is Q4_F32_DM here); `kind_of` tells a packed weight's format."""
+    (VERISPEC_Q4_F32_DM is Q4_F32_DM here); a packed weight carries its own
+    (packing.PackedWeight.format, set by the packer that chose the layout)."""
 
     F32 = 0
     F16 = 1

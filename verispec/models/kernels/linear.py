@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -14,7 +15,7 @@ import torch
 from verispec.models.kernels import build, packing, product
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable
 from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.packing import AffineCodes, dequantize_codes
+from verispec.models.kernels.packing import AffineCodes, PackedWeight, dequantize_codes
 from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
@@ -240,37 +241,41 @@ PACK_ROWS = 2048
 """Rows of codes packed at a time (a multiple of the kernel's 16-row blocks)."""
 
 
-def pack_codes_by_rows(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_codes_by_rows(codes: AffineCodes) -> PackedWeight:
     """packing.pack_codes, PACK_ROWS rows at a time into one preallocated output, so a
     large weight (a 150k-row LM head) never has several whole copies alive while it packs.
     The packed layout is blocked by 16 rows, so the pieces are the whole's rows; if a piece
-    would pick another kind than the first (e.g. one whose m happen to be all zero), the
+    would pick another format than the first (e.g. one whose m happen to be all zero), the
     whole weight is packed at once instead."""
     rows = codes.codes.shape[0]
     if rows <= PACK_ROWS:
         return packing.pack_codes(codes)
     pieces = range(0, rows, PACK_ROWS)
 
-    def piece(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def piece(start: int) -> PackedWeight:
         part = slice(start, start + PACK_ROWS)
         factors = None if codes.super_scales is None else codes.super_scales.rows(part)
         return packing.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
                                               codes.m[part], codes.group,
                                               factors))  # fmt: skip
 
-    first_w, first_s = piece(0)
+    def layout(p: PackedWeight) -> tuple:
+        sc = cast(torch.Tensor, p.scales)  # codes always have scales
+        return p.format, p.codes.dtype, p.codes.shape[1:], sc.dtype, sc.shape[1:]
+
+    first = piece(0)
+    first_s = cast(torch.Tensor, first.scales)
     blocks = -(-rows // packing.ROWS)
-    weight = torch.empty((blocks, *first_w.shape[1:]), dtype=first_w.dtype)
+    weight = torch.empty((blocks, *first.codes.shape[1:]), dtype=first.codes.dtype)
     scales = torch.empty((blocks, *first_s.shape[1:]), dtype=first_s.dtype)
     for start in pieces:
-        w, sc = (first_w, first_s) if start == 0 else piece(start)
-        if (w.dtype, w.shape[1:], sc.dtype, sc.shape[1:]) != (first_w.dtype, first_w.shape[1:],
-                                                              first_s.dtype, first_s.shape[1:]):
-            return packing.pack_codes(codes)  # fmt: skip
+        p = first if start == 0 else piece(start)
+        if layout(p) != layout(first):
+            return packing.pack_codes(codes)
         at = start // packing.ROWS
-        weight[at : at + w.shape[0]] = w
-        scales[at : at + sc.shape[0]] = sc
-    return weight, scales
+        weight[at : at + p.codes.shape[0]] = p.codes
+        scales[at : at + cast(torch.Tensor, p.scales).shape[0]] = p.scales
+    return dataclasses.replace(first, codes=weight, scales=scales, out_features=rows)
 
 
 WEIGHT_FORMATS = {
@@ -307,52 +312,58 @@ def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
             used[stored.removeprefix("torch.")] = lin.kernel
             continue
         kernel = build.loaded()
-        kind = packing.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
+        fmt = cast(PackedWeight, lin.packed).format
         name = f"native {kernel.isa_name}"
-        if kind in A8_FORMATS:
+        if fmt in A8_FORMATS:
             name += " vnni" if kernel.vnni else " (portable 8-bit loop)"
-        used[WEIGHT_FORMATS[kind]] = name
+        used[WEIGHT_FORMATS[fmt]] = name
     return dict(sorted(used.items()))
 
 
 _MOVING = torch.empty(0)
-"""A packed weight's placeholder while pack_together moves it into an arena."""
+"""A packed weight's codes or scales placeholder while pack_together moves them into an arena."""
 
 
 def pack_together(linears: Sequence[Linear]) -> None:
-    """Move the packed weights of the native-kernel layers among linears, in this order (the
-    order a forward runs them), into one arena per dtype (packing.into_arena); the d and
-    m of affine codes go into one more per dtype. Refuses "a8" for a model none of whose
-    weights are 8-bit codes (every product would then ignore it)."""
+    """Move the packed weights (PackedWeight.codes) of the native-kernel layers among linears,
+    in this order (the order a forward runs them), into one arena per dtype
+    (packing.into_arena); the scales of affine codes go into one more per dtype. Refuses "a8"
+    for a model none of whose weights are 8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
-    if rounded and not any(packing.kind_of(cast(torch.Tensor, lin.weight), lin.native_scales)
-                           in A8_FORMATS for lin in rounded if lin.kernel == "native"):  # fmt: skip
+    if rounded and not any(cast(PackedWeight, lin.packed).format in A8_FORMATS
+                           for lin in rounded if lin.kernel == "native"):  # fmt: skip
         raise ValueError(
             f"quantization={rounded[0].quantization!r} multiplies 8-bit weight codes by 8-bit "
             "inputs, but no weight of this model is stored as codes (GGUF Q4_1 or Q8_0 "
             "blocks); use quantization='w8a8' to round the weights to q8_0 first"
         )
+
+    def packed_of(lin: Linear) -> PackedWeight:
+        return cast(PackedWeight, lin.packed)
+
     for dtype in (torch.int8, torch.uint8, torch.float16, torch.float32):
-        some = [lin for lin in native if cast(torch.Tensor, lin.weight).dtype == dtype]
-        weights = [cast(torch.Tensor, lin.weight) for lin in some]
+        some = [lin for lin in native if packed_of(lin).codes.dtype == dtype]
+        codes = [packed_of(lin).codes for lin in some]
         for lin in some:  # the list alone holds them, so into_arena frees each once copied
-            lin.weight = _MOVING
-        for lin, weight in zip(some, packing.into_arena(weights), strict=True):
-            lin.weight = weight
+            lin.packed = dataclasses.replace(packed_of(lin), codes=_MOVING)
+        for lin, moved in zip(some, packing.into_arena(codes), strict=True):
+            lin.packed = dataclasses.replace(packed_of(lin), codes=moved)
     for dtype in (torch.float32, torch.float16, torch.uint8):  # d and m: float32, float16 or
-        # (kinds 12, 13 and 14) their factors as a Q4_K or Q6_K file stores them
-        coded = [lin for lin in native
-                 if lin.native_scales is not None and lin.native_scales.dtype == dtype]  # fmt: skip
-        scales = [cast(torch.Tensor, lin.native_scales) for lin in coded]
+        # (formats 12, 13 and 14) their factors as a Q4_K or Q6_K file stores them
+        coded = [lin for lin in native if (s := packed_of(lin).scales) is not None
+                 and s.dtype == dtype]  # fmt: skip
+        scales = [cast(torch.Tensor, packed_of(lin).scales) for lin in coded]
         for lin in coded:
-            lin.native_scales = _MOVING
+            lin.packed = dataclasses.replace(packed_of(lin), scales=_MOVING)
         for lin, moved in zip(coded, packing.into_arena(scales), strict=True):
-            lin.native_scales = moved
+            lin.packed = dataclasses.replace(packed_of(lin), scales=moved)
 
 
 class Linear:
-    """A frozen linear layer; weight [out, in] as stored by Hugging Face, bias [out] or None."""
+    """A frozen linear layer; weight [out, in] as stored by Hugging Face, bias [out] or None.
+    The native kernel's layers hold their weight as `packed` (a PackedWeight), the others as
+    `weight` (a tensor, or the prepacked object of oneDNN or FBGEMM)."""
 
     def __init__(
         self,
@@ -380,9 +391,9 @@ class Linear:
         """Batch-invariant mode: each row is its own 1-row product, so its result is bit-for-bit
         what a lone decode step computes (kernels may round an n-row product differently). The
         native kernel computes every row that way already (row-invariant), so it never splits."""
-        self.weight: torch.Tensor | torch.ScriptObject
+        self.weight: torch.Tensor | torch.ScriptObject | None = None  # all kernels but native
+        self.packed: PackedWeight | None = None  # the native kernel's weight
         self.scale: torch.Tensor | None = None  # [out], int8 only
-        self.native_scales: torch.Tensor | None = None  # d and m of affine codes, native only
         if self.kernel == "int8":
             self.weight, self.scale = int8_per_channel(weight.detach())
         elif self.kernel == "onednn":
@@ -396,12 +407,12 @@ class Linear:
                 codes = packing.affine_codes(weight.detach())
             a8 = quantization in ACTIVATION_QUANTIZATIONS
             if codes is not None and a8 and packing.a8_packable(codes):
-                self.weight, self.native_scales = packing.pack_codes_a8(codes)
+                self.packed = packing.pack_codes_a8(codes)
             elif codes is not None:
-                self.weight, self.native_scales = pack_codes_by_rows(codes)
+                self.packed = pack_codes_by_rows(codes)
             else:
                 dtype = torch.float16 if exactly_fp16(weight) else torch.float32
-                self.weight = packing.pack(weight.detach(), dtype)
+                self.packed = packing.pack(weight.detach(), dtype)
         elif self.kernel == "fp16":
             # FBGEMM's packed float16 copy (bias stays float32 inside it); products accumulate
             # in float32, so the result is the float32 product of the same weight values.
@@ -417,9 +428,7 @@ class Linear:
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "native":
-            weight = cast(torch.Tensor, self.weight)
-            return product.product(x, weight, self.bias, self.out_features,
-                                   self.native_scales)  # fmt: skip
+            return product.product(x, cast(PackedWeight, self.packed), self.bias)
         if self.kernel == "int8":
             y = torch._weight_int8pack_mm(x, self.weight, self.scale)
             return y if self.bias is None else y + self.bias

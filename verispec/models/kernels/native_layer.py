@@ -28,7 +28,7 @@ from verispec.models.attention import AttentionLayout
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.build import loaded
 from verispec.models.kernels.linear import Linear
-from verispec.models.kernels.packing import kind_of, packed_columns
+from verispec.models.kernels.packing import PackedWeight
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
@@ -52,7 +52,7 @@ def supported(layers: Sequence[DecoderLayer], config: ModelConfig, embed: torch.
 
 def _columns(lin: Linear) -> int:
     """K', the columns of a native layer's packed weight (in_features padded)."""
-    return packed_columns(cast(torch.Tensor, lin.weight))
+    return cast(PackedWeight, lin.packed).columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,8 @@ class KeyPlan:
 
 
 class _Linear(ctypes.Structure):
-    """layer.c's Linear: one packed weight (kind 0 float32, 1 float16, 2-9 codes with their
-    scales: packing.kind_of), out, in."""
+    """layer.c's Linear: one packed weight (kind: its PackedWeight's format, WeightFormat's int;
+    w and scales: its codes and scales), out, in."""
 
     _fields_ = [
         ("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
@@ -122,10 +122,9 @@ def _ptr(x: torch.Tensor | None) -> int | None:
 
 
 def _linear(lin: Linear) -> _Linear:
-    packed = cast(torch.Tensor, lin.weight)
-    return _Linear(kind_of(packed, lin.native_scales), packed.data_ptr(),
-                   _ptr(lin.native_scales), _ptr(lin.bias), lin.out_features,
-                   _columns(lin))  # fmt: skip
+    packed = cast(PackedWeight, lin.packed)
+    return _Linear(int(packed.format), packed.codes.data_ptr(), _ptr(packed.scales),
+                   _ptr(lin.bias), lin.out_features, packed.columns)  # fmt: skip
 
 
 class NativeStack:

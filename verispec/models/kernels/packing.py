@@ -1,8 +1,8 @@
 """Weights in the native kernel's layouts: float weights packed in blocks of 16 rows (`pack`),
 GGUF-style affine codes (AffineCodes, SuperScales; `affine_codes` finds them in float32
-weights) packed in the fewest bytes that hold them (`pack_codes`, `pack_codes_a8`), the packed
-weights of a model copied in order into one arena of huge pages (`into_arena`), and the
-WeightFormat a packed weight has (`kind_of`).
+weights) packed in the fewest bytes that hold them (`pack_codes`, `pack_codes_a8`), each
+returned as a PackedWeight that names its WeightFormat (decided where the layout is), and the
+packed weights of a model copied in order into one arena of huge pages (`into_arena`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,57 @@ def _padded(n: int) -> int:
     return -(-n // ROWS) * ROWS
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """weight [N, K] -> the kernel's layout [N'/16, K'/16, 16, 16] in dtype (float32, float16),
-    N and K padded with zeros to N', K', multiples of 16.
+@dataclass(frozen=True, eq=False)  # eq=False: fields are tensors, compare those instead
+class PackedWeight:
+    """One weight in a layout of the native kernel, as every packer returns it: its format
+    (ffi.WeightFormat, verispec.h's enum verispec_weight_format: what linear.c and layer.c are
+    told it holds), the packed codes or float values, their scales (None for F32 and F16) and
+    the shape it was packed from, [out_features, in_features] (for codes, in_features is the
+    codes' columns: K padded to a multiple of 32). The format is set by the packer that chose
+    the layout, never inferred from dtypes and shapes.
 
-    Example: a [2, 3] weight becomes [1, 1, 16, 16] with packed[0, 0, j, l] = weight[j, l] for
-    j < 2, l < 3 and 0 elsewhere.
+    Example: pack(w, torch.float16) of a [20, 40] w is PackedWeight(WeightFormat.F16, codes
+    [2, 3, 16, 16] float16, None, 20, 40): columns 48 (K padded to 16), bytes 20 * 40 * 2; Q4_1
+    codes [37, 96] through pack_codes are WeightFormat.Q4_F16_DM (linear.c's kind 4), codes
+    [3, 3, 4, 16, 4] int8 (two a byte), scales [3, 3, 2, 16] float16 (d and m), columns 96.
     """
+
+    format: WeightFormat
+    codes: torch.Tensor
+    scales: torch.Tensor | None
+    out_features: int
+    in_features: int
+
+    @property
+    def columns(self) -> int:
+        """K', the columns the kernel reads: in_features padded to 16 (F32, F16) or 32 (codes)."""
+        if self.format in (WeightFormat.F32, WeightFormat.F16):
+            return self.codes.shape[1] * self.codes.shape[3]
+        return self.codes.shape[1] * CODE_COLUMNS
+
+    @property
+    def bytes(self) -> int:
+        """Bytes a product reads: codes (padded rows included) and scales as stored; F32 and F16
+        weights count their out_features x in_features values (padding aside)."""
+        if self.scales is None:
+            return self.out_features * self.in_features * self.codes.element_size()
+        return (self.codes.numel() * self.codes.element_size()
+                + self.scales.numel() * self.scales.element_size())  # fmt: skip
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype) -> PackedWeight:
+    """weight [N, K] -> F32 or F16 (dtype float32, float16): values [N'/16, K'/16, 16, 16], N and
+    K padded with zeros to N', K', multiples of 16.
+
+    Example: a [2, 3] weight becomes [1, 1, 16, 16] with packed.codes[0, 0, j, l] =
+    weight[j, l] for j < 2, l < 3 and 0 elsewhere.
+    """
+    assert dtype in (torch.float32, torch.float16), dtype
     n, k = weight.shape
     padded = torch.zeros(_padded(n), _padded(k), dtype=dtype)
     padded[:n, :k] = weight.to(dtype)
-    return _row_blocks(padded, ROWS)
+    fmt = WeightFormat.F16 if dtype == torch.float16 else WeightFormat.F32
+    return PackedWeight(fmt, _row_blocks(padded, ROWS), None, n, k)
 
 
 def _row_blocks(matrix: torch.Tensor, columns: int) -> torch.Tensor:
@@ -239,10 +279,10 @@ def _affine(weight: torch.Tensor, order: Sequence[int]) -> tuple[AffineCodes, in
     return None
 
 
-def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """AffineCodes -> the kernel's (codes [N'/16, K'/32, 16, 32] int8, scales [N'/16, K'/32,
-    2, 16]: d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
-    hold them (every kind gives the same products):
+def pack_codes(codes: AffineCodes) -> PackedWeight:
+    """AffineCodes -> the kernel's codes [N'/16, K'/32, 16, 32] int8 and scales [N'/16, K'/32,
+    2, 16] (d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
+    hold them (every kind gives the same products; its WeightFormat follows each kind):
     - every code in 0..15 (GGUF Q4_1, Q4_K blocks): two codes a byte, codes [N'/16, K'/32, 4,
       16, 4] int8, element [b, c, v, l, r] holding the codes of row 16 b + 4 v + r at columns
       32 c + l (low 4 bits) and 32 c + 16 + l (high 4 bits), so that a 32-bit lane l holds
@@ -260,31 +300,38 @@ def pack_codes(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
       +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight); Q6_K codes
       that carry their Q6Scales (K a multiple of 256), as the file stores them: 6-bit codes in
       two planes, d16 and sc (`pack_q6`), kind 14 (0.8203 bytes a weight, kind 9's products).
+    Kind i is WeightFormat(i): 2 Q8_F32_DM, 4 Q4_F16_DM, 5 Q8_F16_D, 7 Q4_F32_DM, 8
+    Q8_F32_DM_HALVES, 9 Q8_F32_D_HALVES, 12 Q4_SUPER_DM, 14 Q6_SUPER_D.
 
-    Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as packed[0, 0, 1, 0, 1] = 0x21
-    (row 5 = 4 * 1 + 1)."""
+    Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as codes[0, 0, 1, 0, 1] = 0x21
+    (row 5 = 4 * 1 + 1), format Q4_F16_DM."""
     if q6_packable(codes):
         return pack_q6(codes)
+    f = WeightFormat
     four_bit = codes.group == CODE_COLUMNS and codes.four_bit
-    k = codes.codes.shape[1]
+    n, k = codes.codes.shape
     packed, scales = _codes_and_scales(codes, nibbles=four_bit)
+
+    def packed_as(fmt: WeightFormat, stored: torch.Tensor) -> PackedWeight:
+        return PackedWeight(fmt, packed, stored, n, k)
+
     if codes.group != CODE_COLUMNS:
-        if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0: kind 9
-            return packed, scales[:, :, :, :1].contiguous()
-        return packed, scales
+        if bool((scales[:, :, :, 1].view(torch.int32) == 0).all()):  # every m +0
+            return packed_as(f.Q8_F32_D_HALVES, scales[:, :, :, :1].contiguous())
+        return packed_as(f.Q8_F32_DM_HALVES, scales)
     half = scales.half()
     float16 = torch.equal(half.float(), scales)
     if four_bit and float16:
-        return packed, half
+        return packed_as(f.Q4_F16_DM, half)
     if four_bit and codes.super_scales is not None and k % SUPER_COLUMNS == 0:
-        return packed, _super_scale_bytes(codes.super_scales, packed.shape[0])
+        return packed_as(f.Q4_SUPER_DM, _super_scale_bytes(codes.super_scales, packed.shape[0]))
     if four_bit:
-        return packed, scales
+        return packed_as(f.Q4_F32_DM, scales)
     if not float16:
-        return packed, scales
+        return packed_as(f.Q8_F32_DM, scales)
     if not bool(scales[:, :, 1].any()):
-        return packed, half[:, :, :1].contiguous()
-    return packed, scales
+        return packed_as(f.Q8_F16_D, half[:, :, :1].contiguous())
+    return packed_as(f.Q8_F32_DM, scales)
 
 
 def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
@@ -321,14 +368,15 @@ def q6_packable(codes: AffineCodes) -> bool:
             and not bool(codes.m.view(torch.int32).any()))  # fmt: skip
 
 
-def pack_q6(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q6_K codes with their Q6Scales -> linear.c's kind 14: codes as `q6_planes` [N'/16, K/32,
-    384] int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a weight, as
-    the file stores them, where kind 9 takes 1.25 for the same products."""
+def pack_q6(codes: AffineCodes) -> PackedWeight:
+    """Q6_K codes with their Q6Scales -> linear.c's kind 14, Q6_SUPER_D: codes as `q6_planes`
+    [N'/16, K/32, 384] int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a
+    weight, as the file stores them, where kind 9 takes 1.25 for the same products."""
     factors = codes.super_scales
     assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
     planes = q6_planes(codes.codes)
-    return planes, _q6_scale_bytes(factors, planes.shape[0])
+    return PackedWeight(WeightFormat.Q6_SUPER_D, planes, _q6_scale_bytes(factors, planes.shape[0]),
+                        *codes.codes.shape)  # fmt: skip
 
 
 def q6_planes(q: torch.Tensor) -> torch.Tensor:
@@ -434,71 +482,41 @@ def a8_packable(codes: AffineCodes) -> bool:
     return codes.group == CODE_COLUMNS
 
 
-def pack_codes_a8(codes: AffineCodes) -> tuple[torch.Tensor, torch.Tensor]:
-    """AffineCodes -> linear.c's kind 3, whose products round x to 8-bit blocks (quantization
-    "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
-    W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd reads them);
-    scales d and m as `pack_codes` lays them out, in float16, which holds every d and m exactly
-    (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a weight instead
-    of 1.25. Example: a Q8_0 code -3 is stored as 125.
-    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6: uint8 [N'/16,
-    K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e] | that
-    of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
+def pack_codes_a8(codes: AffineCodes) -> PackedWeight:
+    """AffineCodes -> linear.c's kind 3 (Q8_A8), whose products round x to 8-bit blocks
+    (quantization "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e]
+    the code of W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd
+    reads them); scales d and m as `pack_codes` lays them out, in float16, which holds every d
+    and m exactly (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a
+    weight instead of 1.25. Example: a Q8_0 code -3 is stored as 125.
+    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6 (Q4_A8): uint8
+    [N'/16, K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e]
+    | that of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
     Where some d or m is no float16 value (GGUF Q4_K, Q5_K: products of a float16 and a 6-bit
-    scale) the scales stay float32, kinds 10 (4-bit codes, 0.75 bytes a weight) and 11 (8-bit,
-    1.25): the same operations on the same values as kinds 6 and 3; Q4_K codes that carry their
-    SuperScales keep them as stored, kind 13 (0.578 bytes a weight, kind 10's products).
+    scale) the scales stay float32, kinds 10 (Q4_F32_A8: 4-bit codes, 0.75 bytes a weight) and
+    11 (Q8_F32_A8: 8-bit, 1.25): the same operations on the same values as kinds 6 and 3; Q4_K
+    codes that carry their SuperScales keep them as stored, kind 13 (Q4_SUPER_A8: 0.578 bytes a
+    weight, kind 10's products).
     Raises ValueError for codes whose d and m change every 16 columns (GGUF Q6_K): the a8
     kinds store one d and m per 32 columns."""
     if codes.group != CODE_COLUMNS:
         raise ValueError(f"quantization a8 needs one d and m per {CODE_COLUMNS} columns; these "
                          f"codes have one per {codes.group} (GGUF Q6_K blocks)")  # fmt: skip
+    f = WeightFormat
     packed, scales = _codes_and_scales(codes)
-    half = scales.half()
-    if not torch.equal(half.float(), scales):
-        half = scales  # K-quants: float32 d and m, kinds 10 and 11
-        if (codes.super_scales is not None and codes.four_bit
-                and codes.codes.shape[1] % SUPER_COLUMNS == 0):  # fmt: skip
-            half = _super_scale_bytes(codes.super_scales, packed.shape[0])  # kind 13
-    blocks, chunks = packed.shape[:2]
     nibbles = codes.four_bit
+    half = scales.half()
+    fmt = f.Q4_A8 if nibbles else f.Q8_A8
+    if not torch.equal(half.float(), scales):
+        half = scales  # K-quants: float32 d and m
+        fmt = f.Q4_F32_A8 if nibbles else f.Q8_F32_A8
+        if (codes.super_scales is not None and nibbles
+                and codes.codes.shape[1] % SUPER_COLUMNS == 0):  # fmt: skip
+            half = _super_scale_bytes(codes.super_scales, packed.shape[0])
+            fmt = f.Q4_SUPER_A8
+    blocks, chunks = packed.shape[:2]
     unsigned = packed.to(torch.uint8) if nibbles else (packed.to(torch.int16) + 128).to(torch.uint8)
     grouped = unsigned.view(blocks, chunks, ROWS, CODE_COLUMNS // 4, 4).permute(0, 1, 3, 2, 4)
     if nibbles:  # [B, C, 8, 16, 4]: vectors k and k + 4 share a byte
-        return (grouped[:, :, :4] | (grouped[:, :, 4:] << 4)).contiguous(), half
-    return grouped.contiguous(), half
-
-
-def packed_columns(packed: torch.Tensor) -> int:
-    """K', the columns of a packed weight (in_features padded to 16, or 32 for codes)."""
-    coded = packed.dtype in (torch.int8, torch.uint8)
-    return packed.shape[1] * (CODE_COLUMNS if coded else packed.shape[3])
-
-
-def kind_of(packed: torch.Tensor, scales: torch.Tensor | None) -> WeightFormat:
-    """The WeightFormat of a packed weight, from what the packers return: codes times 8-bit
-    activations (uint8, `pack_codes_a8`) Q8_A8 for 8-bit codes [B, C, 8, 16, 4], Q4_A8 for
-    4-bit ones [B, C, 4, 16, 4], with float16 d and m, Q8_F32_A8 and Q4_F32_A8 with float32
-    ones; codes times float32 x (int8, `pack_codes`) Q8_F32_DM for
-    8-bit codes with float32 d and m, Q8_F16_D with float16 d alone, Q4_F16_DM for 4-bit codes
-    [B, C, 4, 16, 4] with float16 d and m, Q4_F32_DM with float32 d and m, Q8_F32_DM_HALVES
-    for 8-bit codes with d and m each 16 columns (scales [B, C, 2, 2, 16]), Q8_F32_D_HALVES
-    with d alone (scales [B, C, 2, 1, 16]), Q4_SUPER_DM for 4-bit codes with uint8 scales
-    (`_super_scale_bytes`), Q6_SUPER_D for kind 14's planes [B, C, 384] with uint8 scales
-    (`pack_q6`); else F16 or F32."""
-    f = WeightFormat
-    if scales is not None:
-        if packed.dtype == torch.uint8:
-            if scales.dtype == torch.uint8:
-                return f.Q4_SUPER_A8
-            if scales.dtype == torch.float32:
-                return f.Q8_F32_A8 if packed.shape[2] == 8 else f.Q4_F32_A8
-            return f.Q8_A8 if packed.shape[2] == 8 else f.Q4_A8
-        if scales.dim() == 5:
-            return f.Q8_F32_DM_HALVES if scales.shape[3] == 2 else f.Q8_F32_D_HALVES
-        if scales.dtype == torch.uint8:
-            return f.Q6_SUPER_D if packed.dim() == 3 else f.Q4_SUPER_DM
-        if packed.dim() == 5:
-            return f.Q4_F16_DM if scales.dtype == torch.float16 else f.Q4_F32_DM
-        return f.Q8_F16_D if scales.dtype == torch.float16 else f.Q8_F32_DM
-    return f.F16 if packed.dtype == torch.float16 else f.F32
+        grouped = grouped[:, :, :4] | (grouped[:, :, 4:] << 4)
+    return PackedWeight(fmt, grouped.contiguous(), half, *codes.codes.shape)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from verispec.models.kernels.build import NativeKernel, loaded
-from verispec.models.kernels.packing import kind_of, packed_columns
+from verispec.models.kernels.ffi import WeightFormat
+from verispec.models.kernels.packing import PackedWeight
 
 CHUNK_ROWS = 128
 """Rows of x per kernel pass (linear.c's CHUNK_ROWS): every weight block re-reads the pass's
@@ -23,51 +24,53 @@ rows, which must stay in the core's cache (512-row prefill chunks ran 1.2x faste
 four; rows are independent, so splitting changes no result)."""
 
 
-def product(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x [T, K] float32 -> x W^T + b [T, N] with W packed by `pack`, or by `pack_codes` (then
-    packed holds the codes and scales their d and m); the kernel is loaded where these exist.
+def product(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] float32 -> x W^T + b [T, N] with W packed by one of packing.py's packers (its
+    format tells the kernel what the codes and scales hold); the kernel is loaded where these
+    exist.
 
     Under torch.compile the call goes through the operator `verispec::native_linear`, which the
-    compiler keeps as one opaque call; eager calls skip the operator's dispatch cost.
+    compiler keeps as one opaque call (it takes the PackedWeight's fields: operators take
+    tensors and ints); eager calls skip the operator's dispatch cost.
     """
     if torch.compiler.is_compiling():
-        return native_linear_op(x, packed, bias, out_features, scales)
-    return _product(loaded(), x, packed, bias, out_features, scales)
+        return native_linear_op(x, packed.codes, packed.scales, bias, int(packed.format),
+                                packed.out_features, packed.in_features)  # fmt: skip
+    return _product(loaded(), x, packed, bias)
 
 
 def _product(
-    kernel: NativeKernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-    out_features: int, scales: torch.Tensor | None = None,
+    kernel: NativeKernel, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    columns = packed_columns(packed)  # K'
+    columns = packed.columns  # K'
     x = x.contiguous()
     if x.shape[1] != columns:
         x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
-    rows = x.shape[0]
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    kernel.lib.verispec_linear(kernel.isa, kind_of(packed, scales), x.data_ptr(),
-                               packed.data_ptr(), None if scales is None else scales.data_ptr(),
+    rows, scales = x.shape[0], packed.scales
+    y = torch.empty(rows, packed.out_features, dtype=torch.float32)
+    kernel.lib.verispec_linear(kernel.isa, int(packed.format), x.data_ptr(),
+                               packed.codes.data_ptr(),
+                               None if scales is None else scales.data_ptr(),
                                None if bias is None else bias.data_ptr(), y.data_ptr(), rows,
-                               out_features, columns, torch.get_num_threads())  # fmt: skip
+                               packed.out_features, columns, torch.get_num_threads())  # fmt: skip
     return y
 
 
 @torch.library.custom_op("verispec::native_linear", mutates_args=())
 def native_linear_op(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
+    weight_format: int, out_features: int, in_features: int,
 ) -> torch.Tensor:
-    """`product` as an operator torch.compile can place in a graph."""
-    return _product(loaded(), x, packed, bias, out_features, scales)
+    """`product` as an operator torch.compile can place in a graph: the PackedWeight's fields,
+    its format as WeightFormat's int."""
+    packed = PackedWeight(WeightFormat(weight_format), codes, scales, out_features, in_features)
+    return _product(loaded(), x, packed, bias)
 
 
 @native_linear_op.register_fake
 def _fake(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-    scales: torch.Tensor | None = None,
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
+    weight_format: int, out_features: int, in_features: int,
 ) -> torch.Tensor:
     """The operator's output shape, for the compiler's tracing."""
     return x.new_empty(x.shape[0], out_features)
