@@ -25,6 +25,9 @@ from verispec.sample.rejection import Verdict
 from verispec.sampling_params import SamplingParams
 from verispec.tokenizer import Tokenizer
 
+PROFILE_TOKENS = 16
+"""The largest target step timed at start-up (engine._profile_target)."""
+
 
 def resolve_device(device: str) -> torch.device:
     """ "auto" = the first CUDA device when there is one, else the CPU."""
@@ -152,12 +155,14 @@ class Engine:
         return self.runner.target.allocator
 
     def _profile_target(self) -> StepCost:
-        """Time target forwards of 1, 2, 4, ... new tokens (the adaptive policy's first cost
-        model; each timed after one untimed run)."""
+        """Time target forwards of 1, 2, 4, 8 and 16 new tokens (the adaptive policy's first
+        cost model; each timed after one untimed run). Larger steps are extrapolated from the
+        last segment (spec_policy._interpolate), which is linear there, and learned online: timing
+        up to 64 tokens made loading a 1.5B model several seconds longer (docs/design.md, 10)."""
         cost = StepCost()
-        limit = min(self.config.max_num_batched_tokens, self.max_model_len - 1, 64)
+        limit = min(self.config.max_num_batched_tokens, self.max_model_len - 1, PROFILE_TOKENS)
         target = self.runner.target
-        for tokens in (t for t in (1, 2, 4, 8, 16, 32, 64) if t <= limit):
+        for tokens in (t for t in (1, 2, 4, 8, 16) if t <= limit):
             table = target.new_table()
             try:
                 chunk = append_chunk(table, [0] * tokens)

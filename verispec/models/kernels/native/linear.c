@@ -971,7 +971,7 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
     widen_super((const uint8_t *)(stored + scale_bytes), converted + 2 * R * C, C);
     sb = (const char *)converted;
   }
-  const uint8_t *next = T >= 3 && p + 1 < pairs ? cb + 2 * block_bytes : NULL;
+  const uint8_t *next = p + 1 < pairs ? cb + 2 * block_bytes : NULL;
   const char *ns = stored + 2 * scale_bytes;
   const int64_t n0 = 2 * p * R;
   switch (T) {
