@@ -293,16 +293,22 @@ AVX512 INLINE __m512 lut16(const __m512i q, __m512 table) {
   return _mm512_permutexvar_ps(q, table);
 }
 
+#define Q6_CHUNK_BYTES (R * QC * 3 / 4) /* kind 14's codes a chunk (see widen_q6) */
+AVX512 INLINE void unpack_q6_avx512(const int8_t *in, int8_t *out, int64_t C);
+
 /* sb: the block's scales as float32; next and next_scales: the next block's codes and scales
  * as stored, code_line and line bytes a chunk; nib: kind 4's or 7's codes, two a byte (one or two rows look their weights up); g16:
  * the scales' layout (MODE_G16: kind 8's or 9's d for each 16 columns). Kind 9's m is a zero
- * vector in the same fma, so it computes kind 8's bits for m = 0. */
+ * vector in the same fma, so it computes kind 8's bits for m = 0. q6: cb is kind 14's codes as
+ * stored, each chunk unpacked into kind 9's in L1 as the tile reaches it (one row of x: the
+ * tile then covers the block, so every chunk is unpacked once). */
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
                                   const int G, const int TN, const int8_t *next,
                                   const char *next_scales, const int64_t line,
-                                  const int64_t code_line, const int nib, const int g16) {
+                                  const int64_t code_line, const int nib, const int g16,
+                                  const int q6) {
   const int RB = nib ? QC / 2 : QC; /* bytes of a chunk's row */
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[16][4];
@@ -311,6 +317,11 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
     const int8_t *qc = cb + c * R * RB;
+    int8_t six[R * QC] __attribute__((aligned(64))); /* q6: chunk c as kind 9's codes */
+    if (q6) {
+      unpack_q6_avx512(cb + c * Q6_CHUNK_BYTES, six, 1);
+      qc = six;
+    }
     const float *sc = sb + c * SCALE_STRIDE(g16);
     if (next) { /* the next block's chunk c into L2, while this one computes from cache */
       _Pragma("GCC unroll 8") for (int l = 0; l < code_line; l += 64)
@@ -369,7 +380,7 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
 
 #define Q8_TILE(T0, G, TN, NIB)                                                          \
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
-                 code_line, NIB, g16)
+                 code_line, NIB, g16, 0)
 
 /* GGUF Q4_K's scales as the file stores them (kinds 12 and 13): d = d16 sc and m = -dmin mn,
  * d16 and dmin float16 values per 256 columns, sc and mn 6-bit integers per 32. A block's
@@ -405,7 +416,6 @@ AVX2 INLINE void widen_super(const uint8_t *in, float *out, int64_t C) {
  * unpacked once into kind 9's (q = u - 32, a byte each) and its scales widened into kind 9's
  * float32 d (d16 sc: 11 + 8 significant bits, exact in float32, as blocks.c computes kind 9's
  * d), then kind 9's tiles run on them: kind 9's products, bit for bit. */
-#define Q6_CHUNK_BYTES (R * QC * 3 / 4)
 #define Q6_SUPER_BYTES (2 * R + SUPER_CHUNKS * 2 * R)
 
 /* A block's Q6_K scales (in, C chunks) as kind 9's float32 d (out [C][2][16]: the 16 rows' d
@@ -529,6 +539,13 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
     sf = converted;
   }
   const int8_t *next = b + 1 < blocks ? cb + block_bytes : NULL; /* as stored */
+  if (mode == 7 && T == 1 && !scratch) { /* kind 14, one row: unpacked chunk by chunk */
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    const int g = 0;
+    tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, 0, g, 16, 1, next, sb + C * line, line,
+                   code_line, 0, g16, 1);
+    return;
+  }
   if (mode == 7) { /* kind 14: the block's codes as kind 9's, after its d */
     int8_t *unpacked = (int8_t *)(converted + 2 * R * C);
     unpack_q6_avx512(cb, unpacked, C);
