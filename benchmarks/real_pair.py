@@ -100,6 +100,8 @@ def main() -> None:
     p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple")
     p.add_argument("--configs", default="plain,plain:a8,draft_model",
                    help="comma-separated method[:quantization] runs")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat everything, alternating the engines; medians and ratios at the end")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--method", default="plain", help=argparse.SUPPRESS)
     p.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
@@ -108,8 +110,21 @@ def main() -> None:
         print(json.dumps(run_one(args)))
         return
     print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, "
-          f"{args.tokens} tokens, greedy, {len(PROMPTS)} code prompts")  # fmt: skip
-    results = []
+          f"{args.tokens} tokens, greedy, {len(PROMPTS)} code prompts, {args.rounds} rounds")
+    rates: dict[str, list[float]] = {}
+    for round_number in range(1, args.rounds + 1):
+        if args.rounds > 1:
+            print(f"## round {round_number}")
+        for name, rate in run_round(args):
+            rates.setdefault(name, []).append(rate)
+    if args.rounds > 1:
+        summarize(rates)
+
+
+def run_round(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """Every configuration once (a fresh process each), then llama.cpp's tools: (name, decode
+    tokens/s) pairs, printed as they come."""
+    rates, results = [], []
     for config in args.configs.split(","):
         method, _, quantization = config.partition(":")
         command = [sys.executable, __file__, "--one", "--method", method, "--target",
@@ -127,23 +142,38 @@ def main() -> None:
         print(f"{config:>16}: decode {result['decode_tok_s']:6.2f} tok/s, load "
               f"{result['load_s']:5.1f} s, peak RSS {result['peak_rss_gb']:.2f} GB, acceptance "
               f"{result['acceptance']}, same tokens as plain: {same}")  # fmt: skip
-    if args.llama_bench:
-        from verispec.models.weights.loader import resolve_model_path
+        rates.append((config, result["decode_tok_s"]))
+    from verispec.models.weights.loader import resolve_model_path
 
-        for name in (args.target, args.draft):
+    if args.llama_bench:
+        for name in dict.fromkeys((args.target, args.draft)):
             rate = llama_bench(args.llama_bench, str(resolve_model_path(name)), args.threads,
                                args.tokens)  # fmt: skip
             print(f"llama-bench {name}: decode {rate:.2f} tok/s")
+            rates.append((f"llama-bench {name}", rate))
     if args.llama_speculative:
-        from verispec.models.weights.loader import resolve_model_path
-
         rate, accepted = llama_speculative(
             args.llama_speculative, str(resolve_model_path(args.target)),
             str(resolve_model_path(args.draft)), args.threads, args.tokens, args.k,
         )  # fmt: skip
         print(f"llama-speculative-simple -md, n_max {args.k}: decode {rate:.2f} tok/s, "
               f"{accepted:.1%} of drafts accepted (first prompt)")  # fmt: skip
+        rates.append(("llama-speculative-simple -md", rate))
+    return rates
 
+
+def summarize(rates: dict[str, list[float]]) -> None:
+    """Medians over the rounds, and each configuration's median per-round ratio to llama-bench
+    on the target (rounds alternate the engines, so a ratio compares runs minutes apart)."""
+    print("## medians over rounds")
+    peer = next((name for name in rates if name.startswith("llama-bench")), None)
+    for name, values in rates.items():
+        line = f"{name:>32}: {statistics.median(values):6.2f} tok/s"
+        if peer and name != peer and len(rates[peer]) == len(values):
+            ratios = [v / p for v, p in zip(values, rates[peer], strict=True)]
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            line += f", {statistics.median(ratios):.2f}x {peer} (rounds: {each})"
+        print(line)
 
 if __name__ == "__main__":
     main()
