@@ -918,6 +918,19 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char 
   }
 }
 
+/* Chunk c's d and m of a block's Q4_K super scales as stored (kind 13): d16 sc and (-dmin) mn,
+ * the very products widen_super computes (a float16 value times a 6-bit integer, exact). */
+VNNI INLINE void super_dm(const uint8_t *in, int64_t c, __m512 *d, __m512 *m) {
+  const uint8_t *s = in + (c / SUPER_CHUNKS) * SUPER_BYTES;
+  const uint8_t *sub = s + 4 * R + (c % SUPER_CHUNKS) * 2 * R;
+  const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+  const __m512 negmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * R)));
+  *d = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                              _mm_loadu_si128((const __m128i *)sub))));
+  *m = _mm512_mul_ps(negmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                 _mm_loadu_si128((const __m128i *)(sub + R)))));
+}
+
 /* Two blocks (32 weight rows) against rows t0 .. t0 + TN - 1 (TN <= 4): each broadcast of x
  * feeds two vpdpbusd, one a block, each row's two chains 8 deep; per output the very
  * operations of tile_a8_vnni (integer sums, then add_chunk), so the same bits. next, when not
@@ -925,10 +938,14 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char 
 VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t t0, const int TN, const uint8_t *next,
-                              const char *next_scales, const int nib, const int f32) {
+                              const char *next_scales, const int nib, const int f32,
+                              const int sup) {
   const int64_t C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
   const int64_t chunk_bytes = nib ? R * QC / 2 : R * QC;
-  const int64_t line = 2 * R * A8_SCALE_BYTES(f32), scale_bytes = C * line;
+  /* a chunk's d and m as stored: float16 or float32 values, or (sup) its share of the super
+   * scales, which each chunk widens as it comes (super_dm: widen_super's values, bit for bit) */
+  const int64_t line = sup ? SUPER_BYTES / SUPER_CHUNKS : 2 * R * A8_SCALE_BYTES(f32);
+  const int64_t scale_bytes = C * line;
   const uint8_t *cb1 = cb + block_bytes;
   const char *sb1 = sb + scale_bytes;
   __m512 acc0[4], acc1[4];
@@ -944,6 +961,14 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char
     __m512i w0[8], w1[8];
     chunk_codes(cb, c, w0, nib);
     chunk_codes(cb1, c, w1, nib);
+    __m512 d0, m0, d1, m1;
+    if (sup) {
+      super_dm((const uint8_t *)sb, c, &d0, &m0);
+      super_dm((const uint8_t *)sb1, c, &d1, &m1);
+    } else {
+      d0 = scales16(sb, c * 2 * R, f32), m0 = scales16(sb, c * 2 * R + R, f32);
+      d1 = scales16(sb1, c * 2 * R, f32), m1 = scales16(sb1, c * 2 * R + R, f32);
+    }
     _Pragma("GCC unroll 4") for (int i = 0; i < TN; i++) {
       const int64_t tc = at(r, t0 + i, c);
       const int8_t *q = r.q + tc * QC;
@@ -955,10 +980,8 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char
         s0 = _mm512_dpbusd_epi32(s0, w0[k], xa);
         s1 = _mm512_dpbusd_epi32(s1, w1[k], xa);
       }
-      acc0[i] = add_chunk(acc0[i], s0, r.dx[tc], r.mx[tc], scales16(sb, c * 2 * R, f32),
-                          scales16(sb, c * 2 * R + R, f32));
-      acc1[i] = add_chunk(acc1[i], s1, r.dx[tc], r.mx[tc], scales16(sb1, c * 2 * R, f32),
-                          scales16(sb1, c * 2 * R + R, f32));
+      acc0[i] = add_chunk(acc0[i], s0, r.dx[tc], r.mx[tc], d0, m0);
+      acc1[i] = add_chunk(acc1[i], s1, r.dx[tc], r.mx[tc], d1, m1);
     }
   }
   const __m512 b0 = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
@@ -972,30 +995,27 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char
 /* Decode and short verify steps (T <= 4, N a multiple of 32): pairs of blocks, one tile each.
  * Two blocks streamed together halve the broadcasts of x a product needs; measured against
  * single blocks, a SmolLM2 decode step -6%. Longer steps keep tiles of 8 rows a block (a pair
- * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). From 3 rows a
- * tile asks for the next pair while it computes (3 and 4 rows over SmolLM2's layers 10%
- * faster; at 2 rows the prefetches cost about what they save). */
+ * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). Each tile asks
+ * for the next pair while it computes (over a 1.5B model's Q4_K layers, whose weights stream
+ * from memory, 1 and 2 rows gained as 3 and 4 had; SmolLM2's, nearly in L3, had not shown it).
+ * Kind 13's super scales are widened by chunk inside the tile (super_dm), not a block ahead. */
 VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *scales,
                          const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                          int64_t ldy, int64_t p, const int nib, const int f32, const int sup,
                          float *converted) {
-  const int64_t pairs = N / (2 * R), C = K / QC, block_bytes = nib ? R * K / 2 : R * K;
+  const int64_t pairs = N / (2 * R), block_bytes = nib ? R * K / 2 : R * K;
   const int64_t scale_bytes = a8_scale_bytes(K, f32, sup); /* a block's, as stored */
   const uint8_t *cb = codes + 2 * p * block_bytes;
-  const char *stored = scales + 2 * p * scale_bytes, *sb = stored;
-  if (sup) { /* both blocks' d and m, one after the other as tile_a8_pair reads them */
-    widen_super((const uint8_t *)stored, converted, C);
-    widen_super((const uint8_t *)(stored + scale_bytes), converted + 2 * R * C, C);
-    sb = (const char *)converted;
-  }
+  const char *sb = scales + 2 * p * scale_bytes; /* kind 13: super scales, widened by chunk */
+  (void)converted; /* a8_block widens into it; a pair tile widens each chunk itself */
   const uint8_t *next = p + 1 < pairs ? cb + 2 * block_bytes : NULL;
-  const char *ns = stored + 2 * scale_bytes;
+  const char *ns = sb + 2 * scale_bytes;
   const int64_t n0 = 2 * p * R;
   switch (T) {
-    case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib, f32); break;
-    case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 3, next, ns, nib, f32); break;
-    case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 2, NULL, NULL, nib, f32); break;
-    default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 1, NULL, NULL, nib, f32); break;
+    case 4: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 4, next, ns, nib, f32, sup); break;
+    case 3: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 3, next, ns, nib, f32, sup); break;
+    case 2: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 2, next, ns, nib, f32, sup); break;
+    default: tile_a8_pair(r, cb, sb, bias, y, K, ldy, n0, 0, 1, next, ns, nib, f32, sup); break;
   }
 }
 
