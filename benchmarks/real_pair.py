@@ -41,7 +41,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     spec: Any = None
     if args.method == "draft_model":
-        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k,
+                "quantization": args.draft_quantization}
     llm = LLM(model=args.target, speculative=spec, quantization=args.quantization)
     load_s = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
@@ -100,6 +101,8 @@ def main() -> None:
     p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple")
     p.add_argument("--configs", default="plain,plain:a8,draft_model",
                    help="comma-separated method[:quantization] runs")  # fmt: skip
+    p.add_argument("--draft-quantization", default=None,
+                   help="the draft's own quantization (e.g. a8: never changes the output)")
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat everything, alternating the engines; medians and ratios at the end")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -130,6 +133,8 @@ def run_round(args: argparse.Namespace) -> list[tuple[str, float]]:
         command = [sys.executable, __file__, "--one", "--method", method, "--target",
                    args.target, "--draft", args.draft, "--k", str(args.k), "--tokens",
                    str(args.tokens), "--threads", str(args.threads)]  # fmt: skip
+        if args.draft_quantization:
+            command += ["--draft-quantization", args.draft_quantization]
         if quantization:
             command += ["--quantization", quantization]
         done = subprocess.run(command, capture_output=True, text=True)
