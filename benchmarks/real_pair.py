@@ -143,10 +143,13 @@ def run_round(args: argparse.Namespace) -> list[tuple[str, float]]:
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
         results.append(result)
-        same = result["tokens"] == results[0]["tokens"] if result["quantization"] is None else None
+        plain = next(r for r in results if r["quantization"] == result["quantization"])
+        same = result["tokens"] == plain["tokens"]  # the first run of the same target numerics
+        numerics = result["quantization"] or "exact"
         print(f"{config:>16}: decode {result['decode_tok_s']:6.2f} tok/s, load "
               f"{result['load_s']:5.1f} s, peak RSS {result['peak_rss_gb']:.2f} GB, acceptance "
-              f"{result['acceptance']}, same tokens as plain: {same}")  # fmt: skip
+              f"{result['acceptance']}, same tokens as the first {numerics} run: "
+              f"{same}")  # fmt: skip
         rates.append((config, result["decode_tok_s"]))
     from verispec.models.weights.loader import resolve_model_path
 
