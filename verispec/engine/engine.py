@@ -11,12 +11,14 @@ import torch
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
+from verispec.engine import profiles
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.metrics import SpecStats, StepTimes
 from verispec.models.catalog.hub import DEFAULT_MODEL
+from verispec.models.kernels.linear import cpu_model
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.outputs import RequestOutput
@@ -158,7 +160,13 @@ class Engine:
         """Time target forwards of 1, 2, 4, 8 and 16 new tokens (the adaptive policy's first
         cost model; each timed after one untimed run). Larger steps are extrapolated from the
         last segment (spec_policy._interpolate), which is linear there, and learned online: timing
-        up to 64 tokens made loading a 1.5B model several seconds longer (docs/design.md, 10)."""
+        up to 64 tokens made loading a 1.5B model several seconds longer (docs/design.md, 10).
+        A profile is kept in the cache per model file, settings, threads, CPU and kernel, so a
+        later load of the same model on the same machine skips the forwards."""
+        facts = self._profile_facts()
+        known = profiles.load(facts)
+        if known is not None:
+            return StepCost(profile=known)
         cost = StepCost()
         limit = min(self.config.max_num_batched_tokens, self.max_model_len - 1, PROFILE_TOKENS)
         target = self.runner.target
@@ -172,7 +180,22 @@ class Engine:
                 cost.profile[tokens] = time.perf_counter() - start
             finally:
                 table.free()
+        profiles.store(facts, cost.profile)
         return cost
+
+    def _profile_facts(self) -> dict[str, object]:
+        """What a target step's cost depends on: the model's files, the settings that change its
+        kernels, the step limit, threads, CPU model, torch and the native library built."""
+        c = self.config
+        return {
+            "model": profiles.files_key(self.model_path), "dtype": str(self.model.dtype),
+            "device": str(self.device), "linear_backend": c.linear_backend,
+            "quantization": c.quantization, "batch_invariant": c.batch_invariant,
+            "compile": c.compile, "limit": min(c.max_num_batched_tokens, self.max_model_len - 1,
+                                               PROFILE_TOKENS),
+            "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
+            "kernel": profiles.kernel_key(),
+        }  # fmt: skip
 
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
