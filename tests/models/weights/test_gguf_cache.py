@@ -250,6 +250,8 @@ def test_smollm2_cached_equals_direct(smollm2_path, cache, monkeypatch) -> None:
     assert entry is not None and entry.parent == cache / "gguf"
     config, _ = read_gguf(smollm2_path, torch.float32, CPU)
     assert not list(entry.glob("*.safetensors"))
+    # the saved tokenizer.json under a name from_pretrained does not parse again
+    assert (entry / gguf_cache.BACKEND_FILE).is_file() and not (entry / "tokenizer.json").exists()
     assert ModelConfig.from_file(entry / "config.json") == config
     cached = Tokenizer(smollm2_path)
     assert_same_tokenizer(cached, tok)

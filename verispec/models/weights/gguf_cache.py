@@ -1,10 +1,10 @@
 """GGUF metadata cache: the first load of a GGUF file writes its small metadata under
-cache_dir()/gguf/, so later loads read a tokenizer.json instead of rebuilding the tokenizer from
+cache_dir()/gguf/, so later loads read a saved tokenizer instead of rebuilding the tokenizer from
 the file's vocabulary arrays (for a 49k-token vocabulary that is most of a load's time). The
 weights are never cached: they are read from the GGUF file itself (gguf.GGUFWeights).
 
 An entry holds config.json, TENSORS_FILE (each tensor's type, shape and byte range), the
-tokenizer as transformers saves it, generation_config.json (the
+tokenizer as transformers saves it (its tokenizer.json as BACKEND_FILE), generation_config.json (the
 tokenizer's EOS id) and SOURCE_FILE; entries of CACHE_FORMAT 1 also held every weight as
 float32 (model.safetensors, often gigabytes); the next entry written removes them.
 Its name digests the GGUF's resolved path, size, mtime_ns and inode (not its
@@ -35,8 +35,12 @@ log = logging.getLogger("verispec")
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """Part of every entry's name: bump it when what an entry holds changes."""
+BACKEND_FILE = "backend_tokenizer.json"
+"""The saved tokenizer.json, under a name transformers' from_pretrained does not look for:
+given it, it parses the file three times and copies the backend although cached_tokenizer
+hands it one (1.3 s of a 151k-token Qwen vocabulary's 2 s load)."""
 CONVERTING_PACKAGES = ("gguf", "safetensors", "tokenizers", "transformers")
 DISABLE_ENV = "VERISPEC_NO_GGUF_CACHE"
 SOURCE_FILE = "verispec_source.json"
@@ -158,8 +162,9 @@ def gguf_tokenizer(path: Path, model_type: str | None = None) -> PreTrainedToken
 
 def cached_tokenizer(entry: Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a cache entry, equal to gguf_tokenizer's for its GGUF: the same class,
-    built around tokenizer.json as saved. (AutoTokenizer would not do: the class it picks for
-    some families, Qwen2Tokenizer, rebuilds its pre-tokenizer from the vocabulary on load.)"""
+    built around its tokenizer.json as saved (BACKEND_FILE). (AutoTokenizer would not do: the
+    class it picks for some families, Qwen2Tokenizer, rebuilds its pre-tokenizer from the
+    vocabulary on load.)"""
     from tokenizers import Tokenizer as Backend
     from transformers import TokenizersBackend
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
@@ -167,10 +172,10 @@ def cached_tokenizer(entry: Path) -> PreTrainedTokenizerBase:
     try:
         flags = json.loads((entry / SOURCE_FILE).read_text())["tokenizer_flags"]
         name = json.loads((entry / "tokenizer_config.json").read_text())["tokenizer_class"]
-        backend = Backend.from_file(str(entry / "tokenizer.json"))
+        backend = Backend.from_file(str(entry / BACKEND_FILE))
         cls = tokenizer_class_from_name(name) or TokenizersBackend
         return cls.from_pretrained(str(entry), tokenizer_object=backend, **flags)
-    except Exception as e:  # tokenizers raises a plain Exception for a broken tokenizer.json
+    except Exception as e:  # tokenizers raises a plain Exception for a broken BACKEND_FILE
         raise ValueError(f"cannot load a tokenizer from {entry}: {e}") from e
 
 
@@ -199,6 +204,7 @@ def _convert(path: Path, out: Path, progress: bool) -> None:
     _write_json(out / "config.json", config_json)
     tokenizer = gguf_tokenizer(path, config_json["model_type"])
     tokenizer.save_pretrained(str(out))
+    os.replace(out / "tokenizer.json", out / BACKEND_FILE)
     eos = tokenizer.eos_token_id
     _write_json(out / "generation_config.json", {
         "bos_token_id": config_json["bos_token_id"], "eos_token_id": [] if eos is None else [eos],
