@@ -25,7 +25,7 @@ from verispec import LLM
 from verispec.bench.floor import read_bandwidth
 from verispec.bench.main import print_settings, run_facts
 from verispec.models.kernels.build import NativeKernel, loaded
-from verispec.models.kernels.linear import WEIGHT_FORMATS, Linear
+from verispec.models.kernels.linear import WEIGHT_FORMATS
 from verispec.models.kernels.packing import PackedWeight
 from verispec.models.kernels.product import _product
 
@@ -35,21 +35,9 @@ ISA_NAMES = {1: "avx2", 2: "avx512"}
 def native_weights(llm: LLM) -> dict[str, list[PackedWeight]]:
     """The target's packed weights, by what their format holds (WEIGHT_FORMATS' words)."""
     groups: dict[str, list[PackedWeight]] = defaultdict(list)
-    seen: set[int] = set()
-    stack = [llm.engine.runner.target.model]
-    while stack:  # every Linear reachable from the model's attributes, lists and tuples
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, Linear):
-            if item.packed is not None:
-                groups[WEIGHT_FORMATS[item.packed.format]].append(item.packed)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        elif type(item).__module__.startswith("verispec"):  # objects, slotted dataclasses
-            names = [*getattr(item, "__dict__", {}), *getattr(type(item), "__slots__", ())]
-            stack.extend(getattr(item, name) for name in names if hasattr(item, name))
+    for linear in llm.engine.runner.target.model.linears():
+        if linear.packed is not None:
+            groups[WEIGHT_FORMATS[linear.packed.format]].append(linear.packed)
     return dict(groups)
 
 

@@ -168,9 +168,8 @@ class Engine:
         if known is not None:
             return StepCost(profile=known)
         cost = StepCost()
-        limit = min(self.config.max_num_batched_tokens, self.max_model_len - 1, PROFILE_TOKENS)
         target = self.runner.target
-        for tokens in (t for t in (1, 2, 4, 8, 16) if t <= limit):
+        for tokens in (t for t in (1, 2, 4, 8, 16) if t <= int(facts["limit"])):
             table = target.new_table()
             try:
                 chunk = append_chunk(table, [0] * tokens)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import time
 from pathlib import Path
 
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.paths import cache_dir
+from verispec.paths import cache_dir, read_cache_json, write_cache_json
 
 MAX_ENTRIES = 64
 """Profiles kept; the oldest go first (test runs make models in temporary directories)."""
@@ -39,17 +39,9 @@ def _key(facts: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _read() -> dict[str, dict]:
-    try:
-        entries = json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
 def load(facts: dict[str, object]) -> dict[int, float] | None:
     """The profile stored for these facts ({tokens: seconds}), or None."""
-    entry = _read().get(_key(facts))
+    entry = read_cache_json(_path()).get(_key(facts))
     try:
         profile = {int(k): float(v) for k, v in entry["profile"].items()}  # type: ignore[index]
     except (TypeError, KeyError, ValueError, AttributeError):
@@ -58,17 +50,15 @@ def load(facts: dict[str, object]) -> dict[int, float] | None:
 
 
 def store(facts: dict[str, object], profile: dict[int, float]) -> None:
-    """Keep profile for these facts (atomically; an unwritable cache only means measuring
-    again next time)."""
-    entries = _read()
-    entries.pop(_key(facts), None)
-    entries[_key(facts)] = {"profile": {str(k): v for k, v in profile.items()}}
-    entries = dict(list(entries.items())[-MAX_ENTRIES:])  # insertion order: newest last
-    path = _path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    """Keep profile for these facts, dropping the least recently stored beyond MAX_ENTRIES."""
+    entries = read_cache_json(_path())
+    entries[_key(facts)] = {"stored": time.time(), "profile": {str(k): v
+                                                              for k, v in profile.items()}}
+    newest = sorted(entries, key=lambda k: _stored(entries[k]))[-MAX_ENTRIES:]
+    write_cache_json(_path(), {k: entries[k] for k in newest})
+
+
+def _stored(entry: object) -> float:
+    """When an entry was stored (0 for one without a time)."""
+    stored = entry.get("stored", 0) if isinstance(entry, dict) else 0
+    return float(stored) if isinstance(stored, int | float) else 0.0

@@ -79,10 +79,14 @@ class LlamaModel:
         if native_layer.supported(layers, config, embed):
             self.native = native_layer.NativeStack(layers, config, self.inv_freq, final_norm)
 
+    def linears(self) -> list[Linear]:
+        """Every linear layer, in the order a forward runs them (the LM head last)."""
+        layers = [lin for la in self.layers for lin in (la.qkv, la.o, la.gate_up, la.down)]
+        return [*layers, self.lm_head]
+
     def kernels(self) -> dict[str, str]:
         """Which kernel each weight format of this model runs with (linear.kernels_in_use)."""
-        linears = [lin for la in self.layers for lin in (la.qkv, la.o, la.gate_up, la.down)]
-        return kernels_in_use([*linears, self.lm_head])
+        return kernels_in_use(self.linears())
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""

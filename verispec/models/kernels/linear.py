@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 import time
 from collections.abc import Sequence
 from typing import Literal, cast
@@ -22,7 +20,7 @@ from verispec.models.kernels.quantization import (
     round_to_fp16,
     round_to_q8_0,
 )
-from verispec.paths import cache_dir
+from verispec.paths import cache_dir, read_cache_json, write_cache_json
 
 LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
 BACKENDS = ("auto", "torch", "onednn", "fp16", "native")
@@ -103,21 +101,10 @@ def float32_fallback() -> str:
         return "torch"
     path = cache_dir() / "kernels" / "choices.json"
     key = f"{cpu_model()} | torch {torch.__version__} | v{CHOICE_VERSION} | float32 fallback"
-    try:
-        choices = json.loads(path.read_text())
-    except (OSError, ValueError):
-        choices = {}
-    if not isinstance(choices, dict):
-        choices = {}
+    choices = read_cache_json(path)
     if choices.get(key) not in ("torch", "onednn"):
         choices[key] = faster_float32_kernel(_time_float32_kernels())
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(choices, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # an unwritable cache only means measuring again next time
+        write_cache_json(path, choices)
     return str(choices[key])
 
 

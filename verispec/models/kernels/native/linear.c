@@ -869,7 +869,7 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char
                         int64_t ldy, int threads) {                                           \
     const int64_t n = (N + BLOCKS * R - 1) / (BLOCKS * R);                                    \
     _Pragma("omp parallel num_threads(threads)") {                                           \
-      float *converted = SUP ? malloc(sizeof(float) * BLOCKS * 2 * R * (K / QC)) : NULL;     \
+      float *converted = SUP && BLOCKS == 1 ? malloc(sizeof(float) * 2 * R * (K / QC)) : NULL; \
       _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n; b++)                    \
         BODY(r, codes, scales, bias, y, T, N, K, ldy, b, NIB, F32, SUP, converted);           \
       free(converted);                                                                        \
@@ -1007,7 +1007,7 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
   const int64_t scale_bytes = a8_scale_bytes(K, f32, sup); /* a block's, as stored */
   const uint8_t *cb = codes + 2 * p * block_bytes;
   const char *sb = scales + 2 * p * scale_bytes; /* kind 13: super scales, widened by chunk */
-  (void)converted; /* a8_block widens into it; a pair tile widens each chunk itself */
+  (void)converted; /* NULL: a pair tile widens each chunk itself (a8_block's buffer) */
   const uint8_t *next = p + 1 < pairs ? cb + 2 * block_bytes : NULL;
   const char *ns = sb + 2 * scale_bytes;
   const int64_t n0 = 2 * p * R;
