@@ -29,6 +29,9 @@ from verispec.tokenizer import Tokenizer
 
 PROFILE_TOKENS = 16
 """The largest target step timed at start-up (engine._profile_target)."""
+PROFILE_RUNS = 3
+"""Timed forwards per token count at start-up; the fastest counts (other work on the machine
+only ever adds time, and one slowed run made drafts look dear for the whole first window)."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -158,9 +161,10 @@ class Engine:
 
     def _profile_target(self) -> StepCost:
         """Time target forwards of 1, 2, 4, 8 and 16 new tokens (the adaptive policy's first
-        cost model; each timed after one untimed run). Larger steps are extrapolated from the
-        last segment (spec_policy._interpolate), which is linear there, and learned online: timing
-        up to 64 tokens made loading a 1.5B model several seconds longer (docs/design.md, 10).
+        cost model; each the fastest of PROFILE_RUNS timed runs after an untimed one). Larger
+        steps are extrapolated from the last segment (spec_policy._interpolate), which is linear
+        there, and learned online: timing up to 64 tokens made loading a 1.5B model several
+        seconds longer (docs/design.md, 10).
         A profile is kept in the cache per model file, settings, threads, CPU and kernel, so a
         later load of the same model on the same machine skips the forwards."""
         facts = self._profile_facts()
@@ -174,9 +178,12 @@ class Engine:
             try:
                 chunk = append_chunk(table, [0] * tokens)
                 target.forward([chunk])
-                start = time.perf_counter()
-                target.forward([chunk])
-                cost.profile[tokens] = time.perf_counter() - start
+                runs = []
+                for _ in range(PROFILE_RUNS):
+                    start = time.perf_counter()
+                    target.forward([chunk])
+                    runs.append(time.perf_counter() - start)
+                cost.profile[tokens] = min(runs)
             finally:
                 table.free()
         profiles.store(facts, cost.profile)
