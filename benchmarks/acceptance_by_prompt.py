@@ -18,10 +18,10 @@ import sys
 import torch
 
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.api.outputs import RequestOutput
 from verispec.bench.workloads import PROMPTS_DIR
 from verispec.config import own_speculative
 from verispec.drafters.registry import HEAD_METHOD, MODEL_FREE_METHOD
-from verispec.outputs import RequestOutput
 
 
 def drafters(model: str, k: int, graft: int) -> dict[str, SpecConfig]:

@@ -19,9 +19,9 @@ from typing import Any
 from plain_decode import thread_env
 from spec_decode import num_parameters, resolve_pair, workload
 
-from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.cli import method_takes_draft
+from verispec.cli.bench import print_settings, run_facts
+from verispec.cli.main import method_takes_draft
 from verispec.drafters.registry import method_names
 
 

@@ -28,7 +28,7 @@ from verispec.bench.floor import (
     measure,
     read_bandwidth,
 )
-from verispec.bench.main import print_settings, run_facts
+from verispec.cli.bench import print_settings, run_facts
 from verispec.models.catalog.default import embedded_model_path
 from verispec.models.catalog.hub import pull
 from verispec.models.kernels.linear import BACKENDS

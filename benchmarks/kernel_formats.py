@@ -23,7 +23,7 @@ import torch
 
 from verispec import LLM
 from verispec.bench.floor import read_bandwidth
-from verispec.bench.main import print_settings, run_facts
+from verispec.cli.bench import print_settings, run_facts
 from verispec.models.kernels.build import NativeKernel, loaded
 from verispec.models.kernels.linear import WEIGHT_FORMATS
 from verispec.models.kernels.packing import PackedWeight

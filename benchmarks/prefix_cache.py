@@ -19,7 +19,7 @@ import time
 import openai
 
 from verispec import LLM
-from verispec.chat import chat_prompt
+from verispec.api.chat import chat_prompt
 from verispec.serve import Server
 
 SYSTEM = (

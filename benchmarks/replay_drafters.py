@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.bench.main import print_settings
 from verispec.bench.replay import (
     Recorded,
     ReplayStats,
@@ -27,6 +26,7 @@ from verispec.bench.replay import (
     replay,
 )
 from verispec.bench.workloads import WORKLOADS, prompt_token_ids
+from verispec.cli.bench import print_settings
 from verispec.config import MAX_SPECULATIVE_TOKENS
 from verispec.drafters.registry import make_model_free_proposer
 

@@ -22,9 +22,9 @@ from typing import Any
 from plain_decode import thread_env
 
 from verispec.bench.harness import alpha_from_length, predicted_speedup
-from verispec.bench.main import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.cli import method_takes_draft
+from verispec.cli.bench import print_settings, run_facts
+from verispec.cli.main import method_takes_draft
 from verispec.drafters.registry import method_names
 
 BENCH = Path.home() / ".cache/verispec/bench"
@@ -173,7 +173,7 @@ def instrument(llm: Any) -> tuple[Timer, Timer | None]:
 def run(llm: Any, prompts: list[str], temperature: float, top_p: float, n: int) -> dict:
     """Each prompt alone (concurrency 1); decode tok/s = sum(out - 1) / sum(e2e - TTFT)."""
     from verispec import SamplingParams
-    from verispec.metrics import SpecStats
+    from verispec.engine.stats import SpecStats
 
     stats, tokens, decode_s, ids = SpecStats(), 0, 0.0, []
     for seed, prompt in enumerate(prompts):
@@ -189,7 +189,7 @@ def run(llm: Any, prompts: list[str], temperature: float, top_p: float, n: int) 
 
 def summarise(cfg: dict, plain_fwd_s: float) -> dict[str, Any]:
     """One table row from a configuration's paired runs and timers."""
-    from verispec.metrics import SpecStats
+    from verispec.engine.stats import SpecStats
 
     med, k = statistics.median, cfg["k"]
     stats = SpecStats()

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from verispec.bench.main import print_settings, run_facts
+from verispec.api.chat import chat_prompt
+from verispec.api.llm import LLM
+from verispec.api.sampling_params import SamplingParams
 from verispec.bench.report import write_json
-from verispec.chat import chat_prompt
-from verispec.llm import LLM
+from verispec.cli.bench import print_settings, run_facts
 from verispec.sample import SamplingTensors, sample, warp
 from verispec.sample.logits import _BOUNDARY_TOL, _truncate_sorted
-from verispec.sampling_params import SamplingParams
 
 SETTINGS = {
     "T=1 (no truncation)": {},

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SPEC_PAIRS
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec.bench.engines import (
     BatchRun,
     MethodSpec,

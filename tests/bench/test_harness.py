@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint, make_perturbed_copy
 
+from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from verispec.bench.engines import takes_draft
 from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
-from verispec.bench.main import bench_config
 from verispec.bench.verify_cost import (
     alpha_from_length,
     predicted_speedup,
     tokens_per_step,
     verify_cost_curve,
 )
-from verispec.cli import build_parser, main
+from verispec.cli.bench import bench_config
+from verispec.cli.main import build_parser, main
 from verispec.drafters.registry import PLAIN, method
 from verispec.models.kernels.quantization import draft_quantization
 

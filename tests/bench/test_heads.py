@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec.bench.engines import MethodSpec, TreeShape, parse_tree_shape
 from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
 from verispec.bench.report import shape, table
 from verispec.bench.verify_cost import PassTimes, step_cost_ratio, step_predicted_speedup
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.drafters.registry import PLAIN
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.medusa import MedusaConfig, save_medusa_heads

@@ -12,7 +12,7 @@ import pytest
 from verispec.bench import harness
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, VerispecEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing, lookup_stats
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.drafters.registry import PLAIN
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verispec.bench.serving import ServingConfig, plot, run_sweep, spec_for, table
-from verispec.cli import main
+from verispec.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,6 +7,7 @@ import platform
 
 import pytest
 
+from verispec.api.chat import ROLES
 from verispec.bench.workloads import (
     BUILT_WITH_PYTHON,
     WORKLOADS,
@@ -15,7 +16,6 @@ from verispec.bench.workloads import (
     parse_row,
     prompt_token_ids,
 )
-from verispec.chat import ROLES
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import MAX_PROMPT_CHARS, Prompt
 

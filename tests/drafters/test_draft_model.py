@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, SPEC_PAIRS, make_checkpoint
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from tests.helpers.checkpoints import CORPUS, SPEC_PAIRS, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.draft_model import check_vocabularies
-from verispec.engine import Engine
-from verispec.metrics import SpecStats
+from verispec.engine.engine import Engine
+from verispec.engine.request import Request, Status
+from verispec.engine.stats import SpecStats
 from verispec.models.kernels.native_layer import can_step_greedily
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
-from verispec.request import Request, Status
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 

@@ -16,21 +16,21 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import count_preemptions, make_checkpoint
 
+from tests.helpers.checkpoints import count_preemptions, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.batch import ForwardBatch
+from verispec.api.outputs import RequestOutput
 from verispec.config import own_speculative
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
+from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model
-from verispec.outputs import RequestOutput
-from verispec.request import Request
 from verispec.sample.tree import DraftTree
 from verispec.train.distill import (
     extract_features,

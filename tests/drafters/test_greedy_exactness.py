@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, SPEC_PAIRS, count_preemptions
 
+from tests.helpers.checkpoints import CORPUS, SPEC_PAIRS, count_preemptions
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.api.outputs import RequestOutput
+from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.outputs import RequestOutput
-from verispec.request import Request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 METHODS = ("draft_model", "ngram", "suffix")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.medusa import MedusaProposer, static_tree
 from verispec.models.medusa import MedusaConfig, load_medusa_heads, save_medusa_heads

@@ -8,7 +8,7 @@ requests generate; the joint counts of their first 3 tokens (12^3 cells) are com
 exact joint p(t1) p(t2 | t1) p(t3 | t1, t2), computed from transformers' logits of every prefix
 passed through verispec's `warp` with the same SamplingParams.
 
-The statistics (verispec/verify/fit.py, shared with `verispec verify`) and their thresholds:
+The statistics (verispec/audit/fit.py, shared with `verispec verify`) and their thresholds:
 - Pearson chi-square over cells pooled to expected counts >= 5 at ALPHA = 1e-3. A case that
   rejects is measured once more on the next N seeds and fails only if that independent block
   rejects too (`measure_exact`): an exact sampler fails with probability about 1e-6 per case,
@@ -42,11 +42,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import family_config
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from tests.helpers.checkpoints import family_config
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.audit.fit import Fit, chi2_sf, fit, gamma_q
 from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.paged import PagedModel
@@ -63,7 +64,6 @@ from verispec.train.distill import (
 from verispec.train.eagle import TrainableEagle
 from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
 from verispec.train.trainer import TrainConfig, train
-from verispec.verify.fit import Fit, chi2_sf, fit, gamma_q
 
 VOCAB = 12
 TOKENS = 3  # the first TOKENS generated tokens form one cell

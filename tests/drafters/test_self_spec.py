@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, count_preemptions, family_config, make_checkpoint
-from test_draft_model import check_caches
-from test_greedy_exactness import (
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from tests.drafters.test_draft_model import check_caches
+from tests.drafters.test_greedy_exactness import (
     PROMPTS,
     assert_partial,
     assert_same,
@@ -29,7 +30,7 @@ from test_greedy_exactness import (
     repeating_prompts,
     stop_params,
 )
-from test_sampling_distribution import (
+from tests.drafters.test_sampling_distribution import (
     ALPHA,
     DRAFT_PROMPT,
     TOKENS,
@@ -38,13 +39,12 @@ from test_sampling_distribution import (
     run_case,
     word_tokenizer,
 )
-from transformers import AutoModelForCausalLM, PreTrainedModel
-
+from tests.helpers.checkpoints import CORPUS, count_preemptions, family_config, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.api.outputs import RequestOutput
+from verispec.audit.fit import fit
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
 from verispec.drafters.skip_search import SkipChoice, StepCostModel, calibrate, mean_accepted
-from verispec.outputs import RequestOutput
-from verispec.verify.fit import fit
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 WEAK = 0.15  # scale of layers 1 and 2's output projections
@@ -329,7 +329,7 @@ def test_bad_calibration_files(target: Path, tmp_path: Path) -> None:
 
 
 def test_cli_flags(target: Path, tmp_path: Path, capsys) -> None:
-    from verispec.cli import main
+    from verispec.cli.main import main
 
     base = ["generate", "def add(a, b):", "--model", str(target), "--max-tokens", "8",
             "--method", "self", "--k", "3"]  # fmt: skip

@@ -14,14 +14,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import SPEC_PAIRS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.suffix import SuffixConfig, SuffixProposer, grow_tree, speculate
 from verispec.drafters.suffix_trie import CachedOutputs, SuffixTrie, _subtree_size
-from verispec.metrics import SpecStats
+from verispec.engine.stats import SpecStats
 
 # Brute-force references: scans of the sequences themselves.
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from verispec import LLM, SamplingParams
-from verispec.metrics import PHASES, StepTimes
-from verispec.outputs import RequestOutput
-from verispec.request import Status
+from verispec.api.outputs import RequestOutput
+from verispec.engine.request import Status
+from verispec.engine.stats import PHASES, StepTimes
 
 Prompt = str | list[int]
 PROMPTS: list[Prompt] = [

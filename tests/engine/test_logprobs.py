@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SPEC_PAIRS
 from transformers import AutoModelForCausalLM
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

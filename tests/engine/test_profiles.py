@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SPEC_PAIRS
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SpecConfig
 from verispec.engine import profiles
 

@@ -15,12 +15,12 @@ from typing import NamedTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.api.sampling_params import SamplingParams
+from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import ScheduledRequest, Scheduler, step_kind
+from verispec.engine.stats import SpecStats
 from verispec.kv import BlockAllocator, BlockTable
-from verispec.metrics import SpecStats
-from verispec.request import Request, Status
 from verispec.sample.rejection import Verdict
-from verispec.sampling_params import SamplingParams
 
 EOS = 1
 

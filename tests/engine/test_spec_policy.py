@@ -4,10 +4,10 @@ of a cost model, turns drafting off where it does not pay, and never changes the
 from __future__ import annotations
 
 import pytest
-from conftest import SPEC_PAIRS
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.engine.spec_policy import (
     AdaptiveSpeculation,

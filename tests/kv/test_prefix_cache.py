@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import SPEC_PAIRS
 
+from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.prefix_cache import STOP

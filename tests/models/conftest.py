@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import round_matrices_to_fp16
-from gguf_files import WriteGGUF, write_gguf_file
 from transformers import PreTrainedModel
+
+from tests.helpers.checkpoints import round_matrices_to_fp16
+from tests.helpers.gguf_files import WriteGGUF, write_gguf_file
 
 LAYER_WEIGHT_SCALE = 8.0
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, random_ids
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.linear import fp16_kernel_available, onednn_available
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.loader import load_model
-
-from .harness import Runner, random_ids
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")  # mistral: sliding window 24
 BACKENDS = [

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SpecConfig
-from verispec.batch import ForwardBatch
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import ARCHITECTURE, EagleConfig, load_eagle_head, save_eagle_head
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel

@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from tests.helpers.harness import BACKENDS, Runner, hf_logits, native_model, random_ids
 from verispec import LLM, SamplingParams
-
-from .harness import BACKENDS, Runner, hf_logits, native_model, random_ids
 
 PROMPT_LEN = 40  # longer than mistral's window (24) and llama3's original context (32)
 DECODE_STEPS = 4

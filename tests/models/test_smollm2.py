@@ -12,11 +12,10 @@ import torch
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from tests.helpers.harness import Runner, hf_logits
 from verispec import LLM, SamplingParams
 from verispec.config import SpecConfig, own_speculative
 from verispec.drafters.registry import HEAD_METHOD
-
-from .harness import Runner, hf_logits
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.api.sampling_params import SamplingParams
 from verispec.sample import SamplingTensors, sample, warp
 from verispec.sample.rejection import Verdict, verify, verify_greedy
-from verispec.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0)
 

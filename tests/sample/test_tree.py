@@ -1,7 +1,7 @@
 """Draft trees and verify_tree, no model: tree structure (masks, positions, paths, histories),
 the greedy rule against a brute-force longest matching path, chains against rejection.verify,
 and exactness of tree sampling on a fake target whose rows depend on their path: the joint law
-of the first 2 and 3 emitted tokens must match the exact one (verispec/verify/fit.py), while a
+of the first 2 and 3 emitted tokens must match the exact one (verispec/audit/fit.py), while a
 verifier that forgets to remove rejected siblings must fail the same check."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.api.sampling_params import SamplingParams
+from verispec.audit.fit import Fit, fit
 from verispec.sample import SamplingTensors, sample, tree, warp
 from verispec.sample.rejection import Verdict, verify
 from verispec.sample.tree import DraftTree, verify_tree
-from verispec.sampling_params import SamplingParams
-from verispec.verify.fit import Fit, fit
 
 CHAIN, STAR = [-1, 0, 1], [-1, -1, -1]
 TWO_LEVEL, UNBALANCED = [-1, -1, 0, 0, 1, 1], [-1, -1, -1, 0, 0, 3]

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_checkpoint, make_perturbed_copy
-from test_chat import with_chat_template
 
+from tests.api.test_chat import with_chat_template
+from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from verispec import LLM, SpecConfig
 from verispec.serve import Server
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from verispec.cli import main
+from verispec.cli.main import main
 
 
 def free_port() -> int:

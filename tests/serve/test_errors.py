@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from serve.conftest import blocks_free, speculative_llm, wait_until
+from tests.serve.conftest import blocks_free, speculative_llm, wait_until
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")

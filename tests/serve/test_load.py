@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from serve.conftest import blocks_free, speculative_llm, wait_until
+from tests.serve.conftest import blocks_free, speculative_llm, wait_until
 from verispec import LLM, SamplingParams
 from verispec.serve import Server
 

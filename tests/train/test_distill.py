@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SamplingParams
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model

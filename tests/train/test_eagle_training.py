@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
-from verispec.batch import ForwardBatch
+from tests.helpers.checkpoints import make_checkpoint
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, EagleHead, load_eagle_head, save_eagle_head
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk

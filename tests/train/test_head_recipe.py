@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.models.eagle import load_eagle_head
 from verispec.models.weights.loader import load_model
 from verispec.train import head_recipe

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import verispec
-from verispec.chat import chat_prompt
+from verispec.api.chat import chat_prompt
 from verispec.train.instructions import chat_instructions, chat_prompt_ids
 
 BENCH_CHAT = Path(verispec.__file__).parent / "bench" / "prompts" / "chat.jsonl"

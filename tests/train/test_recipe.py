@@ -12,7 +12,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec import LLM, SamplingParams
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.train.corpus import stdlib_root
 from verispec.train.recipe import (
     STAGES,

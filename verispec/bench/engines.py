@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 from verispec.config import MAX_TREE_NODES, SpecConfig
 from verispec.drafters.registry import PLAIN, head_method_names, method, takes_draft_model
 from verispec.drafters.registry import takes_head as registry_takes_head
-from verispec.metrics import SpecStats, StepTimes
+from verispec.engine.stats import SpecStats, StepTimes
 
 HEAD_METHODS = head_method_names()
 """Registry methods that draft with a head over the target's features: SpecConfig.model is a

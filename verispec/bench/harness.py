@@ -42,7 +42,7 @@ from verispec.bench.verify_cost import (
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
 from verispec.drafters.registry import PLAIN, method_names
 from verispec.drafters.registry import method as method_traits
-from verispec.metrics import SpecStats
+from verispec.engine.stats import SpecStats
 
 ENGINES: dict[str, Any] = {
     e.engine: e

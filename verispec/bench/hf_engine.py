@@ -13,7 +13,7 @@ import torch
 
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps, takes_draft
 from verispec.drafters.registry import PLAIN
-from verispec.metrics import SpecStats
+from verispec.engine.stats import SpecStats
 
 
 class TransformersEngine:

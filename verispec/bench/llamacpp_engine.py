@@ -17,7 +17,7 @@ import torch
 
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps, takes_draft
 from verispec.drafters.registry import PLAIN
-from verispec.metrics import SpecStats
+from verispec.engine.stats import SpecStats
 
 INSTALL_HINT = "pip install 'verispec[llamacpp]'"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from verispec.drafters.proposer import Proposer
-from verispec.request import Request
+from verispec.engine.request import Request
 from verispec.sample.tree import DraftTree
 
 

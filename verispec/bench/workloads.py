@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verispec.chat import chat_prompt, check_conversation
+from verispec.api.chat import chat_prompt, check_conversation
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import Prompt, build_prompts, spread
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
+from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
 from verispec.models.kernels.quantization import draft_quantization
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path
-from verispec.request import Request, all_greedy
 from verispec.tokenizer import Tokenizer
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.batch import ForwardBatch, SeqChunk
 from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import (
     Drafts,
@@ -42,10 +41,11 @@ from verispec.drafters.proposer import (
     draw_drafts,
     stack_draft_probs,
 )
+from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
+from verispec.models.batch import ForwardBatch, SeqChunk
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
-from verispec.request import Request, all_greedy
 from verispec.sample.sampler import argmax_rows
 from verispec.sample.tree import DraftTree
 

@@ -19,8 +19,8 @@ import torch
 
 from verispec.drafters.eagle import check_topk
 from verispec.drafters.proposer import Drafts
+from verispec.engine.request import Request
 from verispec.models.medusa import MedusaHeads
-from verispec.request import Request
 from verispec.sample.tree import DraftTree
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verispec.drafters.proposer import Drafts
-from verispec.request import Request
+from verispec.engine.request import Request
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -8,8 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from verispec.engine.request import Request, all_greedy, sampling_tensors
 from verispec.models.llama import LlamaModel
-from verispec.request import Request, all_greedy, sampling_tensors
 from verispec.sample import argmax_rows, sample, warp
 from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verispec.chat import chat_prompt
+from verispec.api.chat import chat_prompt
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.proposer import TargetInfo
 from verispec.drafters.skip_search import SkipChoice, calibrate

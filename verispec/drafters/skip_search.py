@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
+from verispec.models.batch import ForwardBatch
 from verispec.models.llama import LlamaModel, decoder_layer, rms_norm
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.rope import rope_cos_sin

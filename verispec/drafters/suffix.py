@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from verispec.drafters.proposer import Drafts
 from verispec.drafters.suffix_trie import CachedOutputs, Cursor, SuffixTrie
-from verispec.request import Request
+from verispec.engine.request import Request
 from verispec.sample.tree import DraftTree
 
 

@@ -1,6 +1,4 @@
-"""The serving loop: requests, scheduler, model runner and engine."""
-
-from verispec.engine.engine import Engine
-from verispec.request import Request
-
-__all__ = ["Engine", "Request"]
+"""The serving loop: engine (the step), scheduler, runner, request (a sequence's state), the
+adaptive speculation policy and its step profiles, stats (acceptance counters and step times).
+Import the modules themselves: models import nothing of the engine, and this file imports
+nothing, so any of them loads first."""

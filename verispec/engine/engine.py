@@ -8,23 +8,23 @@ import time
 
 import torch
 
+from verispec.api.outputs import RequestOutput
+from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine import profiles
+from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
 from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
+from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
-from verispec.metrics import SpecStats, StepTimes
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.kernels.linear import cpu_model
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
-from verispec.outputs import RequestOutput
-from verispec.request import Request
 from verispec.sample.rejection import Verdict
-from verispec.sampling_params import SamplingParams
 from verispec.tokenizer import Tokenizer
 
 PROFILE_TOKENS = 16

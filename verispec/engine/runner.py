@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.batch import SeqChunk
+from verispec.api.outputs import TokenLogprobs
+from verispec.engine.request import all_greedy, sampling_tensors
 from verispec.engine.scheduler import ScheduledRequest
+from verispec.models.batch import SeqChunk
 from verispec.models.paged import PagedModel
-from verispec.outputs import TokenLogprobs
-from verispec.request import all_greedy, sampling_tensors
 from verispec.sample.rejection import Verdict, verify, verify_greedy
 from verispec.sample.tree import DraftTree, verify_tree
 

@@ -6,11 +6,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from verispec.api.outputs import TokenLogprobs
+from verispec.engine.request import Request, Status
 from verispec.engine.spec_policy import AdaptiveSpeculation
+from verispec.engine.stats import SpecStats
 from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
-from verispec.metrics import SpecStats
-from verispec.outputs import TokenLogprobs
-from verispec.request import Request, Status
 from verispec.sample.rejection import Verdict
 from verispec.sample.tree import DraftTree
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from verispec.batch import ForwardBatch
+from verispec.models.batch import ForwardBatch
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache

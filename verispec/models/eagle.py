@@ -30,9 +30,9 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout
+from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
 from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.kernels import native_layer

@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from verispec.batch import ForwardBatch
 from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout, attend
+from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
 from verispec.models.kernels import native_layer
 from verispec.models.kernels.compiled import CompiledStack, check_compile

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.batch import ForwardBatch, SeqChunk
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.models.batch import ForwardBatch, SeqChunk
 from verispec.models.llama import LlamaModel
 
 

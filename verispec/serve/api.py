@@ -23,10 +23,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from verispec.chat import chat_prompt, require_chat_template
-from verispec.metrics import SpecStats
-from verispec.outputs import RequestOutput, StreamDelta, TokenLogprobs
-from verispec.sampling_params import SamplingParams
+from verispec.api.chat import chat_prompt, require_chat_template
+from verispec.api.outputs import RequestOutput, StreamDelta, TokenLogprobs
+from verispec.api.sampling_params import SamplingParams
+from verispec.api.stream import DeltaMaker
+from verispec.engine.stats import SpecStats
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.protocol import (
     AssistantMessage,
@@ -50,7 +51,6 @@ from verispec.serve.protocol import (
     TopLogprob,
     Usage,
 )
-from verispec.stream import DeltaMaker
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from verispec.engine import Engine
-from verispec.metrics import SpecStats
-from verispec.request import Request
-from verispec.stream import StepNews
+from verispec.api.stream import StepNews
+from verispec.engine.engine import Engine
+from verispec.engine.request import Request
+from verispec.engine.stats import SpecStats
 
 PREFIX = "verispec:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,

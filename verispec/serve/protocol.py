@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verispec.sampling_params import SamplingParams
+from verispec.api.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's limit)."""

@@ -9,7 +9,7 @@ from types import TracebackType
 
 import uvicorn
 
-from verispec.engine import Engine
+from verispec.engine.engine import Engine
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.serve.api import create_app
 from verispec.serve.async_engine import AsyncEngine

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from verispec.llm import LLM
+from verispec.api.llm import LLM
+from verispec.api.sampling_params import SamplingParams
 from verispec.models.paged import PagedModel, append_chunk
-from verispec.sampling_params import SamplingParams
 
 Example = tuple[list[int], list[int]]
 """(prompt token ids, response token ids) of one conversation."""

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
+from verispec.api.llm import LLM
+from verispec.api.sampling_params import SamplingParams
 from verispec.engine.engine import resolve_device
-from verispec.llm import LLM
 from verispec.models.config import ModelConfig
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.medusa import MedusaConfig, save_medusa_heads
 from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model, resolve_model_path
-from verispec.sampling_params import SamplingParams
 from verispec.tokenizer import Tokenizer
 from verispec.train.corpus import corpus_files
 from verispec.train.distill import (

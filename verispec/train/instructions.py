@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verispec.chat import chat_prompt
+from verispec.api.chat import chat_prompt
 from verispec.train.instruction_data import (
     ADVICE,
     BUGS,

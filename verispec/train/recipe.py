@@ -287,7 +287,7 @@ def evaluate_pair(
     from transformers import AutoModelForCausalLM
 
     from verispec import LLM, SamplingParams, SpecConfig
-    from verispec.metrics import SpecStats
+    from verispec.engine.stats import SpecStats
 
     report: dict[str, Any] = {}
     for name, path in (("target", target), ("draft", draft)):

@@ -11,13 +11,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.helpers.harness import BACKENDS, Runner, hf_logits, native_model
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.engine.spec_policy import explore_interval
 from verispec.models.catalog.default import EMBEDDED_DIR, embedded_model_path
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, spread
-
-from ..harness import BACKENDS, Runner, hf_logits, native_model
 
 TARGET, DRAFT = embedded_model_path("target"), embedded_model_path("draft")
 

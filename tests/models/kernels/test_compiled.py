@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, assert_runs_match, random_ids
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.loader import load_model
-
-from ..harness import Runner, assert_runs_match, random_ids
 
 SKIP = [pytest.mark.skip(reason="compiles for a minute; set VERISPEC_FULL=1")]
 

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, assert_runs_match, random_ids, run_shapes
 from verispec.models.kernels import native_layer
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.native_layer import can_fold_head, can_step_greedily, greedy_steps
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.loader import load_model
 from verispec.sample.sampler import argmax_rows
-
-from ..harness import Runner, assert_runs_match, random_ids, run_shapes
 
 pytestmark = pytest.mark.skipif(
     not isinstance(native_kernel(), NativeKernel), reason="the native kernel cannot run here"

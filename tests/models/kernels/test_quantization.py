@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_checkpoint
 from torch.testing import assert_close
 from transformers import PreTrainedModel
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM
 from verispec.models.kernels import build
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
@@ -26,8 +27,6 @@ from verispec.models.kernels.quantization import (
     round_to_q8_0,
 )
 from verispec.models.weights.loader import load_model
-
-from ..harness import Runner, hf_logits, random_ids
 
 CPU = torch.device("cpu")
 

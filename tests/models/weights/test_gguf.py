@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, make_checkpoint
-from gguf_files import CHATML, llama_cpp_permute
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from tests.helpers.checkpoints import CORPUS, make_checkpoint
+from tests.helpers.gguf_files import CHATML, llama_cpp_permute
+from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM, SamplingParams
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import native_usable
@@ -23,8 +24,6 @@ from verispec.models.llama import LlamaModel
 from verispec.models.weights.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
 from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.tokenizer import Tokenizer
-
-from ..harness import Runner, hf_logits, random_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,9 +11,10 @@ from typing import NoReturn
 
 import pytest
 import torch
-from conftest import CORPUS, make_checkpoint
 from transformers import PreTrainedModel
 
+from tests.helpers.checkpoints import CORPUS, make_checkpoint
+from tests.helpers.harness import Runner, random_ids
 from verispec.models.config import ModelConfig
 from verispec.models.llama import LlamaModel
 from verispec.models.weights import gguf_cache
@@ -21,8 +22,6 @@ from verispec.models.weights.gguf import read_gguf
 from verispec.models.weights.gguf_cache import cached_checkpoint, gguf_cache_root, write_entry
 from verispec.models.weights.loader import load_model
 from verispec.tokenizer import Tokenizer
-
-from ..harness import Runner, random_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import CORPUS, train_bpe_tokenizer
-from gguf_files import _add_tokenizer
 
+from tests.helpers.checkpoints import CORPUS
+from tests.helpers.gguf_files import _add_tokenizer
 from verispec.models.kernels.linear import native_usable
+from verispec.train.tokenizer import train_bpe_tokenizer
 
 HIDDEN, FFN, LAYERS, VOCAB = 1024, 4096, 16, 320
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.harness import Runner, native_model, random_ids
 from verispec.models.kernels.linear import choose_backend
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
-
-from ..harness import Runner, native_model, random_ids
 
 CPU = torch.device("cpu")
 

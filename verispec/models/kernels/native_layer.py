@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from verispec.batch import ForwardBatch
 from verispec.models.attention import AttentionLayout
+from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.build import loaded
 from verispec.models.kernels.linear import Linear

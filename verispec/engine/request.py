@@ -1,0 +1,171 @@
+"""Request: one prompt's state as it moves through the engine (tokens, KV blocks, timings)."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from verispec.api.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
+from verispec.api.sampling_params import SamplingParams
+from verispec.engine.stats import SpecStats
+from verispec.kv import BlockTable
+from verispec.sample import SamplingTensors
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A request's tokens and progress; the scheduler moves it, the engine appends tokens.
+
+    Compared by identity (eq=False): the scheduler's `in`/`remove` on its queues would otherwise
+    compare every field of every queued request, quadratic in the batch size.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    block_table: BlockTable
+    generator: torch.Generator | None
+    """Seeded generator when params.seed is set; None = the engine's shared generator."""
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    arrival_time: float = field(default_factory=time.perf_counter)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    """Tokens whose keys and values are in the KV cache."""
+    num_indexed_blocks: int = 0
+    """Leading blocks of block_table that the prefix cache indexes (kv.prefix_cache.STOP:
+    the rest are not indexed)."""
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    text: str = ""
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    spec_stats: SpecStats = field(default_factory=SpecStats)
+    logprobs: list[TokenLogprobs] | None = None
+    """One per output token when params.logprobs is set (the engine sets the list)."""
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append_tokens(
+        self,
+        tokens: Sequence[int],
+        decode: Callable[[list[int]], str],
+        logprobs: Sequence[TokenLogprobs] | None = None,
+    ) -> None:
+        """Append sampled tokens in order (with their logprobs, one each, when the request asks
+        for them), stopping at the first that ends the request (EOS, a stop id, a stop string,
+        max_tokens, the context limit); later ones are dropped."""
+        now = time.perf_counter()
+        for i, token in enumerate(tokens):
+            self.output_token_ids.append(token)
+            self.token_times.append(now)
+            if self.logprobs is not None and logprobs is not None:
+                self.logprobs.append(logprobs[i])
+            reason = self._finish_reason(token, decode)
+            if reason is not None:
+                self.finish_reason = reason
+                self.status = Status.FINISHED
+                self.finish_time = now
+                return
+
+    def _finish_reason(self, token: int, decode: Callable[[list[int]], str]) -> FinishReason | None:
+        p = self.params
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            self.text = decode(self.output_token_ids[:-1])
+            return "stop"
+        if p.stop:
+            self.text = decode(self.output_token_ids)
+            if self._truncate_at_stop_string():
+                return "stop"
+        if len(self.output_token_ids) >= p.max_tokens or self.num_tokens >= self.max_model_len:
+            self.text = decode(self.output_token_ids)
+            return "length"
+        return None
+
+    def _truncate_at_stop_string(self) -> bool:
+        """Cut text at the earliest stop string that the last token completed; True if found."""
+        hits = [(self.text.find(s), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        index, stop = min(hits)
+        end = index + len(stop) if self.params.include_stop_str_in_output else index
+        self.text = self.text[:end]
+        return True
+
+    def output(self, decode: Callable[[list[int]], str]) -> RequestOutput:
+        """Snapshot for the caller; text is final once the request finished."""
+        # An aborted request is finished without a reason, and its text was never set.
+        text = self.text if self.finish_reason is not None else decode(self.output_token_ids)
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            text=text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            metrics=self.metrics(),
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
+
+    def metrics(self) -> RequestMetrics:
+        """TTFT, inter-token gaps and end-to-end time from the recorded token times."""
+        times = self.token_times
+        return RequestMetrics(
+            num_prompt_tokens=len(self.prompt_token_ids),
+            num_output_tokens=len(self.output_token_ids),
+            ttft_s=times[0] - self.arrival_time if times else None,
+            itl_s=[b - a for a, b in itertools.pairwise(times)],
+            e2e_s=(self.finish_time - self.arrival_time) if self.finish_time else None,
+            spec=copy.deepcopy(self.spec_stats),
+        )
+
+
+def all_greedy(requests: Sequence[Request]) -> bool:
+    """True when every request takes its argmax (greedy, no penalties): its target p and a
+    drafter's q are then one-hot, and only raw logits' argmaxes matter."""
+    return all(r.params.greedy and not r.params.needs_penalties for r in requests)
+
+
+def sampling_tensors(
+    rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int, device: torch.device
+) -> SamplingTensors:
+    """Warping tensors for logits rows, each given as (request, draft tokens that row's history
+    holds after the request's output). Histories matter only for penalties, so the per-row copy
+    is made only then: target and drafter warp identically (docs/design.md, 3)."""
+    outputs = [
+        r.output_token_ids + list(extra) if extra and r.params.needs_penalties
+        else r.output_token_ids
+        for r, extra in rows
+    ]  # fmt: skip
+    return SamplingTensors.build(
+        [r.params for r, _ in rows], [r.prompt_token_ids for r, _ in rows], outputs, vocab_size,
+        device,
+    )  # fmt: skip
