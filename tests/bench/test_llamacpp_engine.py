@@ -99,7 +99,7 @@ def test_missing_llama_cpp_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatc
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
     """A tiny random Llama written as a float32 GGUF file (with its tokenizer), as llama.cpp's
     converter would write it."""
-    from conftest import make_checkpoint
+    from tests.helpers.checkpoints import make_checkpoint
     from gguf_files import write_gguf_file
 
     hf = tmp_path_factory.mktemp("hf")

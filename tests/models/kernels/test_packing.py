@@ -562,7 +562,7 @@ def unpacked(lin: Linear) -> torch.Tensor:
 @needs_kernel
 def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
-    from conftest import make_checkpoint
+    from tests.helpers.checkpoints import make_checkpoint
 
     from verispec.models.kernels.native_layer import NativeStack
     from verispec.models.weights.loader import load_model
