@@ -21,11 +21,11 @@ from typing import Any
 
 from plain_decode import thread_env
 
-from verispec.bench.harness import alpha_from_length, predicted_speedup
 from verispec.bench.report import write_json
 from verispec.cli.bench import print_settings, run_facts
 from verispec.cli.main import method_takes_draft
 from verispec.drafters.registry import method_names
+from verispec.spec.cost import alpha_from_length, predicted_speedup
 
 BENCH = Path.home() / ".cache/verispec/bench"
 TEMPERATURES = ((0.0, 1.0), (1.0, 0.95))  # (temperature, top_p)

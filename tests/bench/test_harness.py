@@ -1,4 +1,4 @@
-"""The bench harness: formulas, the plan, and `verispec bench` end to end on a tiny pair."""
+"""The bench harness: the plan, and `verispec bench` end to end on a tiny pair."""
 
 from __future__ import annotations
 
@@ -11,12 +11,7 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from verispec.bench.engines import takes_draft
 from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
-from verispec.bench.verify_cost import (
-    alpha_from_length,
-    predicted_speedup,
-    tokens_per_step,
-    verify_cost_curve,
-)
+from verispec.bench.verify_cost import verify_cost_curve
 from verispec.cli.bench import bench_config
 from verispec.cli.main import build_parser, main
 from verispec.drafters.registry import PLAIN, method
@@ -28,13 +23,6 @@ ROW_FIELDS = {
     "mean_acceptance_length", "per_position_acceptance_rate", "speedup", "predicted_speedup",
     "dtype", "threads", "tpot_s_mean", "decode_speedup",
 }  # fmt: skip
-
-
-def test_formulas_worked_examples() -> None:
-    assert tokens_per_step(0.5, 2) == pytest.approx(1.75) and tokens_per_step(1.0, 4) == 5
-    assert predicted_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
-    assert predicted_speedup(None, 2, 0.1) is None
-    assert alpha_from_length(tokens_per_step(0.7, 4), 4) == pytest.approx(0.7, abs=1e-9)
 
 
 def test_plans() -> None:

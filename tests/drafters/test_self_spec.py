@@ -44,7 +44,7 @@ from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
 from verispec.audit.fit import fit
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
-from verispec.drafters.skip_search import SkipChoice, StepCostModel, calibrate, mean_accepted
+from verispec.drafters.skip_search import SkipChoice, calibrate, mean_accepted
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 WEAK = 0.15  # scale of layers 1 and 2's output projections
@@ -268,14 +268,6 @@ def test_mean_accepted_matches_its_definition() -> None:
         expected = brute_force_accepted(agree.tolist(), k)
         assert mean_accepted([agree.tolist()], k) == pytest.approx(expected)
     assert mean_accepted([[True] * 10], 4) == 4.0 and mean_accepted([], 2) == 0.0
-
-
-def test_step_cost_model() -> None:
-    cost = StepCostModel(fixed=0.2, num_layers=10, verify_per_token=0.1)
-    # all layers kept, every draft accepted at k = 1: 2 tokens for 1 + 1.1 steps
-    assert cost.speedup(1.0, 1, 10) == pytest.approx(2 / 2.1)
-    # half the layers: a draft step costs 0.6; k = 2 with 1.5 accepted: 2.5 / (1.2 + 1.2)
-    assert cost.speedup(1.5, 2, 5) == pytest.approx(2.5 / 2.4)
 
 
 BAD_SPECS = [

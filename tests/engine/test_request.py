@@ -6,6 +6,7 @@ No model: requests are built by hand and text comes from a fake decoder, one let
 
 from __future__ import annotations
 
+import doctest
 from typing import Any
 
 import pytest
@@ -183,3 +184,7 @@ def test_metrics_with_real_clock_are_consistent() -> None:
     assert m.ttft_s is not None and m.ttft_s >= 0 and all(gap >= 0 for gap in m.itl_s)
     assert m.e2e_s == pytest.approx(m.ttft_s + sum(m.itl_s))
     assert m.tokens_per_s is None or m.tokens_per_s > 0
+
+
+def test_decodes_worked_example() -> None:
+    assert doctest.testmod(request_module).failed == 0

@@ -70,6 +70,7 @@ def run_step(scheduler: Scheduler) -> list[Chunk]:
     assert scheduled, "nothing runnable although requests are unfinished"
     for s in scheduled:
         assert s.start == s.request.num_computed_tokens
+        assert s.is_decode == s.request.is_decoding  # one definition, seen from either side
         assert s.token_ids == s.request.all_token_ids[s.start : s.start + len(s.token_ids)]
         assert s.slots == s.request.block_table.slots(s.start, s.start + len(s.token_ids))
     tokens = [[next_token(s.request)] for s in plan.sampling]

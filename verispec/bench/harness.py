@@ -32,17 +32,12 @@ from verispec.bench.engines import (
 )
 from verispec.bench.hf_engine import TransformersEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing
-from verispec.bench.verify_cost import (
-    PassTimes,
-    alpha_from_length,
-    predicted_speedup,
-    step_cost_ratio,
-    step_predicted_speedup,
-)
+from verispec.bench.verify_cost import PassTimes, step_cost_ratio, step_predicted_speedup
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
 from verispec.drafters.registry import PLAIN, method_names
 from verispec.drafters.registry import method as method_traits
 from verispec.engine.stats import SpecStats
+from verispec.spec.cost import alpha_from_length, predicted_speedup
 
 ENGINES: dict[str, Any] = {
     e.engine: e

@@ -3,7 +3,9 @@ and a benchmark pass's cost of one speculative step relative to a plain one.
 
 Speculative decoding pays only if checking q = 1 + k tokens (or a tree's nodes + 1) costs
 about what producing one does; the curve measures that ratio, t(q) / t(1), directly in
-verispec's runtime; step_cost_ratio reads it, draft included, from a run's phase times.
+verispec's runtime; step_cost_ratio reads it, draft included, from a run's phase times. The
+acceptance and step-cost models that turn these into predicted speedups are spec/cost.py's,
+shared with the adaptive policy and self-speculation's calibration.
 """
 
 from __future__ import annotations
@@ -89,32 +91,6 @@ def step_ms(
                 if round_:
                     samples.append(elapsed)
     return {key: 1e3 * statistics.median(samples) for key, samples in times.items()}
-
-
-def tokens_per_step(a: float, k: int) -> float:
-    """Expected tokens per verify step when each draft is accepted with chance a given the ones
-    before were: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a). E.g. a = 0.5, k = 2: 1.75."""
-    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-
-
-def predicted_speedup(a: float | None, k: int, c: float) -> float | None:
-    """Leviathan et al. (2023), eq. 1: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with c the draft's
-    cost per token relative to the target's. E.g. a = 0.5, k = 2, c = 0.25: 1.75 / 1.5."""
-    if a is None:
-        return None
-    return tokens_per_step(a, k) / (k * c + 1)
-
-
-def alpha_from_length(length: float | None, k: int) -> float | None:
-    """The a for which tokens_per_step(a, k) equals a measured mean acceptance length (by
-    bisection: tokens_per_step rises from 1 at a = 0 to k + 1 at a = 1)."""
-    if length is None:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tokens_per_step(mid, k) < length else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,9 @@ on a few prompts and keeps the skip set and k of the best expected speedup:
    accepted when the drafts before it were, i.e. when they were the target's own tokens, and it
    is the target's argmax after them; so runs of agreement are runs of accepted drafts.
 4. Expected speedup of (S, k) = tokens per step / step cost in target decode steps:
-   (1 + mean_accepted(agreement, k)) / (k * draft(kept) + verify(k)) (StepCostModel).
+   (1 + mean_accepted(agreement, k)) / (k * draft(kept) + verify(k)) (StepCostModel,
+   in spec/cost.py beside the acceptance and step-cost models of the adaptive policy and the
+   benchmarks).
 
 Candidates come from two search spaces: early exit (LayerSkip's shape: keep the first N layers,
 every N, scored from the stored streams with no further forward) and interleaved skipping
@@ -37,10 +39,8 @@ from verispec.models.batch import ForwardBatch
 from verispec.models.llama import LlamaModel, decoder_layer, rms_norm
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.rope import rope_cos_sin
+from verispec.spec.cost import StepCostModel
 
-VERIFY_COST_PER_TOKEN = 0.1
-"""A verify forward of k + 1 tokens costs 1 + 0.1 k decode steps: SmolLM2-135M on a 2-core CPU
-took 1.66 decode steps for 8 tokens (benchmarks/README.md, issue 14's table)."""
 BLOCK_SIZE = 16
 
 
@@ -63,34 +63,6 @@ def mean_accepted(agreement: Sequence[Sequence[bool]], k: int) -> float:
                 total += min(run, k)
                 starts += 1
     return total / starts if starts else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepCostModel:
-    """Step costs in target decode steps. A draft step keeping `kept` of num_layers layers costs
-    fixed + (1 - fixed) kept / num_layers, where fixed is the share of the weights outside the
-    layers (the LM head, which every draft step still runs): decoding reads every weight once
-    per step. A verify forward of k + 1 tokens costs 1 + verify_per_token * k."""
-
-    fixed: float
-    num_layers: int
-    verify_per_token: float = VERIFY_COST_PER_TOKEN
-
-    @classmethod
-    def of(cls, model: LlamaModel) -> StepCostModel:
-        """The model's weight shares: LM head against the layers' linear weights."""
-        head = model.lm_head.out_features * model.lm_head.in_features
-        layers = sum(
-            lin.out_features * lin.in_features
-            for layer in model.layers
-            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
-        return cls(head / (head + layers), len(model.layers))
-
-    def speedup(self, accepted: float, k: int, kept: int) -> float:
-        """Expected tokens per unit of time against plain decoding (1 token per decode step)."""
-        draft = self.fixed + (1 - self.fixed) * kept / self.num_layers
-        return (1 + accepted) / (k * draft + 1 + self.verify_per_token * k)
 
 
 @dataclass(frozen=True, slots=True)

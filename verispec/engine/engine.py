@@ -13,25 +13,18 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
-from verispec.engine import profiles
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
-from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.models.catalog.hub import DEFAULT_MODEL
-from verispec.models.kernels.linear import cpu_model
-from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.sample.rejection import Verdict
+from verispec.spec import profiles
+from verispec.spec.policy import AdaptiveSpeculation
 from verispec.tokenizer import Tokenizer
-
-PROFILE_TOKENS = 16
-"""The largest target step timed at start-up (engine._profile_target)."""
-PROFILE_RUNS = 3
-"""Timed forwards per token count at start-up; the fastest counts (other work on the machine
-only ever adds time, and one slowed run made drafts look dear for the whole first window)."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -51,6 +44,8 @@ class Engine:
     """Continuous-batching generation over a paged KV cache."""
 
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+        """Load the model and tokenizer, size the KV cache, then set up speculation (drafter,
+        prefix caching, adaptive policy) and the scheduler over them."""
         self.config = config
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
@@ -61,62 +56,26 @@ class Engine:
             compile=config.compile,
         )  # fmt: skip
         self.tokenizer = Tokenizer(self.model_path)
-        model_len = self.model.config.max_position_embeddings
-        if config.max_model_len is not None and config.max_model_len > model_len:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} is above what the model supports "
-                f"(max_position_embeddings={model_len} in its config); give at most {model_len}"
-            )
-        self.max_model_len = config.max_model_len or model_len
-        block_size = config.cache.block_size
-        blocks_per_seq = math.ceil(self.max_model_len / block_size)
-        num_blocks = config.cache.num_blocks or config.max_num_seqs * blocks_per_seq
-        if num_blocks < blocks_per_seq:
-            raise ValueError(
-                f"num_blocks={num_blocks} of {block_size} tokens cannot hold one sequence of "
-                f"max_model_len={self.max_model_len}; need at least {blocks_per_seq}"
-            )
+        self.max_model_len = self._max_model_len()
+        num_blocks = self._num_blocks()
         generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.runner = ModelRunner(PagedModel(self.model, num_blocks, block_size), generator)
-        spec = config.speculative
+        self.runner = ModelRunner(
+            PagedModel(self.model, num_blocks, config.cache.block_size), generator
+        )
         self.eos_token_ids = frozenset(
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
-        self.proposer: Proposer | None = None
-        if spec is not None:
-            target = TargetInfo(
-                tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
-                device=self.device, dtype=dtype, max_model_len=self.max_model_len,
-                num_blocks=num_blocks, generator=generator, block_size=block_size,
-                max_num_seqs=config.max_num_seqs, linear_backend=config.linear_backend,
-                batch_invariant=config.batch_invariant, compile=config.compile, model=self.model,
-            )  # fmt: skip
-            self.proposer = make_proposer(spec, target)
+        self.proposer = self._make_proposer(dtype, num_blocks, generator)
         self.feature_drafter = (
             self.proposer if isinstance(self.proposer, FeatureProposer) else None
         )
         """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
-        self.prefix_cache: PrefixCache | None = None
+        self.prefix_cache, drafter_prefix = self._prefix_caching()
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
-        5); a drafter with a KV cache of its own indexes its blocks too, and one that reads the
-        target's features of every position (EAGLE) cuts a hit to what both hold."""
-        drafter_prefix = None
-        if config.enable_prefix_caching:
-            self.prefix_cache = PrefixCache(self.allocator, block_size)
-            if isinstance(self.proposer, CachesPrefixes):  # a draft model, an EAGLE head
-                self.proposer.enable_prefix_caching()
-            drafter = self.feature_drafter
-            if drafter is not None and drafter.reads_every_position:
-                if not isinstance(drafter, DrafterPrefix):
-                    raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
-                                    "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
-                drafter_prefix = drafter
-        self.spec_policy: AdaptiveSpeculation | None = None
-        """Chooses each step's draft counts when spec.adaptive (engine/spec_policy.py)."""
-        if spec is not None and spec.adaptive:
-            # A tree's node budget is chosen as a chain's depth is (engine/spec_policy.py).
-            self.spec_policy = AdaptiveSpeculation(spec.num_speculative_tokens,
-                                                   self._profile_target())  # fmt: skip
+        5), else None."""
+        self.spec_policy = self._make_policy()
+        """Chooses each step's draft counts when spec.adaptive (spec/policy.py), else None."""
+        spec = config.speculative
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
@@ -129,6 +88,78 @@ class Engine:
         self.num_preemptions = 0
         """Requests whose KV was freed to make room for others (recomputed later), summed."""
         self._ids = itertools.count()
+
+    def _max_model_len(self) -> int:
+        """config.max_model_len, or the model's own limit when unset; above that limit: an
+        error."""
+        model_len = self.model.config.max_position_embeddings
+        asked = self.config.max_model_len
+        if asked is not None and asked > model_len:
+            raise ValueError(
+                f"max_model_len={asked} is above what the model supports "
+                f"(max_position_embeddings={model_len} in its config); give at most {model_len}"
+            )
+        return asked or model_len
+
+    def _num_blocks(self) -> int:
+        """KV blocks of the target's cache: config.cache.num_blocks, or enough for max_num_seqs
+        sequences of max_model_len; fewer than one sequence needs: an error."""
+        cache = self.config.cache
+        blocks_per_seq = math.ceil(self.max_model_len / cache.block_size)
+        num_blocks = cache.num_blocks or self.config.max_num_seqs * blocks_per_seq
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"num_blocks={num_blocks} of {cache.block_size} tokens cannot hold one sequence "
+                f"of max_model_len={self.max_model_len}; need at least {blocks_per_seq}"
+            )
+        return num_blocks
+
+    def _make_proposer(
+        self, dtype: torch.dtype, num_blocks: int, generator: torch.Generator
+    ) -> Proposer | None:
+        """The drafter of config.speculative (None without speculation), told what it needs
+        of the target."""
+        spec, c = self.config.speculative, self.config
+        if spec is None:
+            return None
+        target = TargetInfo(
+            tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
+            device=self.device, dtype=dtype, max_model_len=self.max_model_len,
+            num_blocks=num_blocks, generator=generator, block_size=c.cache.block_size,
+            max_num_seqs=c.max_num_seqs, linear_backend=c.linear_backend,
+            batch_invariant=c.batch_invariant, compile=c.compile, model=self.model,
+        )  # fmt: skip
+        return make_proposer(spec, target)
+
+    def _prefix_caching(self) -> tuple[PrefixCache | None, DrafterPrefix | None]:
+        """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
+        5), and the drafter whose own prefix cache a hit must be cut to (else None): a drafter
+        with a KV cache of its own indexes its blocks too, and one that reads the target's
+        features of every position (EAGLE) cuts a hit to what both hold."""
+        if not self.config.enable_prefix_caching:
+            return None, None
+        prefix_cache = PrefixCache(self.allocator, self.config.cache.block_size)
+        if isinstance(self.proposer, CachesPrefixes):  # a draft model, an EAGLE head
+            self.proposer.enable_prefix_caching()
+        drafter = self.feature_drafter
+        if drafter is None or not drafter.reads_every_position:
+            return prefix_cache, None
+        if not isinstance(drafter, DrafterPrefix):
+            raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
+                            "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
+        return prefix_cache, drafter
+
+    def _make_policy(self) -> AdaptiveSpeculation | None:
+        """The adaptive policy that chooses each step's draft counts when spec.adaptive (a
+        tree's node budget as a chain's depth: spec/policy.py), its costs seeded by the
+        start-up profile of target steps (spec/profiles.py); else None."""
+        spec = self.config.speculative
+        if spec is None or not spec.adaptive:
+            return None
+        facts = profiles.facts(self.config, self.model_path, self.model.dtype, self.device,
+                               self.max_model_len)  # fmt: skip
+        cost = profiles.target_cost(self.runner.target, facts)
+        return AdaptiveSpeculation(spec.num_speculative_tokens, cost)
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
@@ -158,50 +189,6 @@ class Engine:
     def allocator(self) -> BlockAllocator:
         """The target's KV block allocator."""
         return self.runner.target.allocator
-
-    def _profile_target(self) -> StepCost:
-        """Time target forwards of 1, 2, 4, 8 and 16 new tokens (the adaptive policy's first
-        cost model; each the fastest of PROFILE_RUNS timed runs after an untimed one). Larger
-        steps are extrapolated from the last segment (spec_policy._interpolate), which is linear
-        there, and learned online: timing up to 64 tokens made loading a 1.5B model several
-        seconds longer (docs/design.md, 10).
-        A profile is kept in the cache per model file, settings, threads, CPU and kernel, so a
-        later load of the same model on the same machine skips the forwards."""
-        facts = self._profile_facts()
-        known = profiles.load(facts)
-        if known is not None:
-            return StepCost(profile=known)
-        cost = StepCost()
-        target = self.runner.target
-        for tokens in (t for t in (1, 2, 4, 8, 16) if t <= int(facts["limit"])):
-            table = target.new_table()
-            try:
-                chunk = append_chunk(table, [0] * tokens)
-                target.forward([chunk])
-                runs = []
-                for _ in range(PROFILE_RUNS):
-                    start = time.perf_counter()
-                    target.forward([chunk])
-                    runs.append(time.perf_counter() - start)
-                cost.profile[tokens] = min(runs)
-            finally:
-                table.free()
-        profiles.store(facts, cost.profile)
-        return cost
-
-    def _profile_facts(self) -> dict[str, object]:
-        """What a target step's cost depends on: the model's files, the settings that change its
-        kernels, the step limit, threads, CPU model, torch and the native library built."""
-        c = self.config
-        return {
-            "model": profiles.files_key(self.model_path), "dtype": str(self.model.dtype),
-            "device": str(self.device), "linear_backend": c.linear_backend,
-            "quantization": c.quantization, "batch_invariant": c.batch_invariant,
-            "compile": c.compile, "limit": min(c.max_num_batched_tokens, self.max_model_len - 1,
-                                               PROFILE_TOKENS),
-            "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
-            "kernel": profiles.kernel_key(),
-        }  # fmt: skip
 
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
@@ -252,7 +239,7 @@ class Engine:
         depth = max((len(s.draft_token_ids) for s in plan.scheduled), default=0)
         # Prefill tokens cost less than verify rows (shorter attention): only steps of decode
         # rows and their drafts teach the target curve, which the policy asks about them.
-        decode_only = all(len(s.token_ids) == 1 and s.start > 0 for s in plan.scheduled)
+        decode_only = all(s.is_decode for s in plan.scheduled)
         policy.cost.observe(tokens if decode_only else None, depth, step_s - draft_s, draft_s)
         for s, accepted in zip(plan.sampling, verdict.num_accepted, strict=True):
             policy.observe_request(s.request.request_id, len(s.draft_token_ids), accepted)

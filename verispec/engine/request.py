@@ -70,6 +70,12 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def is_decoding(self) -> bool:
+        """Whether its next step decodes (decodes): one token left to compute, after its
+        computed prompt."""
+        return decodes(self.num_computed_tokens, 1, self.num_tokens)
+
+    @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
@@ -146,6 +152,19 @@ class Request:
             e2e_s=(self.finish_time - self.arrival_time) if self.finish_time else None,
             spec=copy.deepcopy(self.spec_stats),
         )
+
+
+def decodes(computed: int, new_tokens: int, num_tokens: int) -> bool:
+    """Whether a step that computes `new_tokens` of a request's `num_tokens` tokens, `computed`
+    of them already in the KV cache, decodes it: its prompt is computed, and the one new token
+    is its last, so the step samples the next (verifying any drafts after it). A prompt's
+    chunks, a whole 1-token prompt among them, are prefill. The one definition the scheduler
+    (Request.is_decoding) and the engine's step timing (ScheduledRequest.is_decode) apply.
+
+    >>> decodes(9, 1, 10), decodes(0, 1, 1), decodes(6, 4, 10), decodes(5, 1, 10)
+    (True, False, False, False)
+    """
+    return computed > 0 and new_tokens == 1 and computed + new_tokens == num_tokens
 
 
 def all_greedy(requests: Sequence[Request]) -> bool:

@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from verispec.api.outputs import TokenLogprobs
-from verispec.engine.request import Request, Status
-from verispec.engine.spec_policy import AdaptiveSpeculation
+from verispec.engine.request import Request, Status, decodes
 from verispec.engine.stats import SpecStats
 from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
 from verispec.sample.rejection import Verdict
 from verispec.sample.tree import DraftTree
+from verispec.spec.policy import AdaptiveSpeculation
 
 
 @dataclass(slots=True)
@@ -31,6 +31,12 @@ class ScheduledRequest:
     """Filled by the drafter: at most num_draft_slots tokens after token_ids."""
     draft_tree: DraftTree | None = None
     """The tree draft_token_ids form (its nodes, in order); None = a chain."""
+    is_decode: bool = field(init=False)
+    """Whether this step decodes the request (engine.request.decodes: its one new token is its
+    last, after its computed prompt), fixed when the plan is made, as Schedule.sampling is."""
+
+    def __post_init__(self) -> None:
+        self.is_decode = decodes(self.start, len(self.token_ids), self.request.num_tokens)
 
     @property
     def samples(self) -> bool:
@@ -39,11 +45,11 @@ class ScheduledRequest:
 
 
 def step_kind(scheduled: Sequence[ScheduledRequest]) -> str | None:
-    """"decode" when every request of a step decodes one token without drafts, "verify" when
-    every one decodes one token and verifies drafts, else None (a prompt chunk, or a mix): the
-    kinds StepTimes.record counts. Example: two requests at one new token each, one with three
+    """"decode" when every request of a step decodes (ScheduledRequest.is_decode) without
+    drafts, "verify" when every one decodes and verifies drafts, else None (a prompt chunk, or a
+    mix): the kinds StepTimes.record counts. Example: two requests decoding, one with three
     drafts: None; both with drafts: "verify"; both without: "decode"."""
-    if not scheduled or not all(len(s.token_ids) == 1 and s.samples for s in scheduled):
+    if not scheduled or not all(s.is_decode for s in scheduled):
         return None
     drafted = [bool(s.draft_token_ids) for s in scheduled]
     return "verify" if all(drafted) else None if any(drafted) else "decode"
@@ -200,7 +206,7 @@ class Scheduler:
         # Drafts follow the first forward: a drafter reading the target's features has none
         # before it (a 1-token prompt, or a prompt cached but for its last token, would
         # otherwise draft at once).
-        decoding = remaining == 1 and request.num_computed_tokens > 0 and not looked_up
+        decoding = request.is_decoding and not looked_up
         k = self._num_drafts(request, budget - 1) if decoding else 0
         try:
             slots = request.block_table.append_slots(num_new + k)
@@ -226,8 +232,7 @@ class Scheduler:
         self._planned = {}
         if self.policy is None:
             return
-        decoding = [r for r in self.running
-                    if r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens > 0]
+        decoding = [r for r in self.running if r.is_decoding]
         drafting = [r for r in decoding if r.params.speculative]
         ks = self.policy.choose([r.request_id for r in drafting], min(len(decoding), budget))
         self._planned = {id(r): k for r, k in zip(drafting, ks, strict=True)}  # fmt: skip

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.helpers.harness import BACKENDS, Runner, hf_logits, native_model
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.engine.spec_policy import explore_interval
 from verispec.models.catalog.default import EMBEDDED_DIR, embedded_model_path
+from verispec.spec.policy import explore_interval
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, spread
 

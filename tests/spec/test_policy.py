@@ -1,7 +1,9 @@
-"""Adaptive speculation (engine/spec_policy.py): the choice maximises expected tokens per second
+"""Adaptive speculation (spec/policy.py): the choice maximises expected tokens per second
 of a cost model, turns drafting off where it does not pay, and never changes the output."""
 
 from __future__ import annotations
+
+import doctest
 
 import pytest
 from hypothesis import given
@@ -9,12 +11,9 @@ from hypothesis import strategies as st
 
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.engine.spec_policy import (
-    AdaptiveSpeculation,
-    StepCost,
-    choose_num_drafts,
-    expected_accepted,
-)
+from verispec.spec import policy
+from verispec.spec.cost import StepCost, expected_accepted
+from verispec.spec.policy import AdaptiveSpeculation, choose_num_drafts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,3 +166,7 @@ def test_auto_turns_it_on_and_a_fixed_k_stays_fixed() -> None:
     assert explicit.adaptive is False
     with pytest.raises(ValueError, match="adaptive"):
         SpecConfig(model="draft/", adaptive="yes")
+
+
+def test_the_worked_examples_hold() -> None:
+    assert doctest.testmod(policy).failed == 0

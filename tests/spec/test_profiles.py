@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SpecConfig
-from verispec.engine import profiles
+from verispec.spec import profiles
 
 
 def adaptive(target: Path, draft: Path, **engine: object) -> dict[int, float]:
