@@ -100,7 +100,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
     """A tiny random Llama written as a float32 GGUF file (with its tokenizer), as llama.cpp's
     converter would write it."""
     from tests.helpers.checkpoints import make_checkpoint
-    from gguf_files import write_gguf_file
+    from tests.helpers.gguf_files import write_gguf_file
 
     hf = tmp_path_factory.mktemp("hf")
     model = make_checkpoint(hf, "llama", tokenizer, layer_scale=8.0, max_position_embeddings=2048)

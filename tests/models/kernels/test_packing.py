@@ -567,7 +567,7 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     from verispec.models.kernels.native_layer import NativeStack
     from verispec.models.weights.loader import load_model
 
-    from ..harness import Runner, assert_runs_match
+    from tests.helpers.harness import Runner, assert_runs_match
 
     make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
     runners = []
