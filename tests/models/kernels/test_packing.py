@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, assert_runs_match
 from verispec.models.kernels import build, ffi, packing, product
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.linear import Linear, choose_backend, pack_together
+from verispec.models.kernels.native_layer import NativeStack
 from verispec.models.kernels.packing import PackedWeight, pack
 from verispec.models.kernels.quantization import round_to_q8_0
+from verispec.models.weights.loader import load_model
 
 CPU = torch.device("cpu")
 F = ffi.WeightFormat
@@ -562,13 +566,6 @@ def unpacked(lin: Linear) -> torch.Tensor:
 @needs_kernel
 def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
-    from conftest import make_checkpoint
-
-    from verispec.models.kernels.native_layer import NativeStack
-    from verispec.models.weights.loader import load_model
-
-    from ..harness import Runner, assert_runs_match
-
     make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
     runners = []
     for native in (True, False):
