@@ -90,7 +90,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     with torch.no_grad():
         for w in target.model.layers.parameters():
             if w.dim() == 2:
-                w.mul_(8.0)  # layers that really mix the context (conftest's layer_scale)
+                w.mul_(8.0)  # layers that really mix the context (make_checkpoint's layer_scale)
         target.lm_head.weight.mul_(HEAD_SCALE)
         for w, d in zip(target.parameters(), draft.parameters(), strict=True):
             d.copy_(w)

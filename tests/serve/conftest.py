@@ -15,7 +15,7 @@ from tests.helpers.serving import speculative_llm
 from verispec import LLM
 from verispec.serve import Server
 
-DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (conftest.SPEC_PAIRS)
+DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (helpers/checkpoints.py SPEC_PAIRS)
 
 
 @pytest.fixture(scope="session")
