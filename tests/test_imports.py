@@ -121,9 +121,11 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_each_known_loop_is_still_there() -> None:
     graph = import_graph(MODULES)
     for (importer, imported), why in KNOWN_LOOPS.items():
-        assert imported in graph[importer] and find_cycle(
-            {name: graph[name] for name in graph} | {importer: {imported}}
-        ), f"{importer} -> {imported} no longer closes a loop: delete it from KNOWN_LOOPS ({why})"
+        closed = imported in graph.get(importer, ())
+        cycle = find_cycle(graph | {importer: {imported}}) if closed else None
+        assert importer in (cycle or []), (
+            f"{importer} -> {imported} no longer closes a loop: delete it from KNOWN_LOOPS ({why})"
+        )
 
 
 def test_a_loop_through_type_checking_imports_is_found(tmp_path: Path) -> None:
