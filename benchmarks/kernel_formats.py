@@ -27,7 +27,7 @@ from verispec.cli.bench import print_settings, run_facts
 from verispec.models.kernels.build import NativeKernel, loaded
 from verispec.models.kernels.linear import WEIGHT_FORMATS
 from verispec.models.kernels.packing import PackedWeight
-from verispec.models.kernels.product import _product
+from verispec.models.kernels.product import product_on
 
 ISA_NAMES = {1: "avx2", 2: "avx512"}
 
@@ -71,7 +71,7 @@ def main() -> None:
                 for k in kernels:  # interleaved: each repeat times every path once
                     start = time.perf_counter()
                     for w in weights:
-                        _product(k, xs[w.columns], w, None)
+                        product_on(k, xs[w.columns], w, None)
                     times[k.isa].append(time.perf_counter() - start)
             medians = {isa: statistics.median(t) for isa, t in times.items()}
             cells = " | ".join(f"{medians[k.isa] * 1e3:.2f} | {size / medians[k.isa] / 1e9:.1f}"

@@ -25,7 +25,7 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.bench.report import write_json
 from verispec.cli.bench import print_settings, run_facts
 from verispec.sample import SamplingTensors, sample, warp
-from verispec.sample.logits import _BOUNDARY_TOL, _truncate_sorted
+from verispec.sample.logits import BOUNDARY_TOL, truncate_sorted
 
 SETTINGS = {
     "T=1 (no truncation)": {},
@@ -108,10 +108,10 @@ def sort_warp(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     goes through one stable argsort of the whole vocabulary."""
     x = logits.float() / t.temperature.unsqueeze(1)
     if t.need_top_k or t.need_top_p:
-        x = _truncate_sorted(x, t)
+        x = truncate_sorted(x, t)
     if t.need_min_p:
         probs = x.softmax(dim=1)
-        floor = (t.min_p - _BOUNDARY_TOL).unsqueeze(1) * probs.amax(dim=1, keepdim=True)
+        floor = (t.min_p - BOUNDARY_TOL).unsqueeze(1) * probs.amax(dim=1, keepdim=True)
         x = x.masked_fill(probs < floor, float("-inf"))
     return x.softmax(dim=1)
 

@@ -1,5 +1,6 @@
-"""Imports run downward: no module of the package imports (even lazily, inside a function) one
-that imports it back, and each subpackage imports first, alone, in a fresh interpreter."""
+"""Imports run downward: no module of the package imports (even lazily, inside a function, or
+only for type checking) one that imports it back, and each subpackage imports first, alone, in a
+fresh interpreter."""
 
 from __future__ import annotations
 
@@ -15,33 +16,29 @@ import verispec
 ROOT = Path(verispec.__file__).resolve().parent
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """The dotted name of path, a file of the package in directory root."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def package_modules(root: Path) -> dict[str, Path]:
+    """Every module of the package in directory root, by dotted name."""
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+MODULES = package_modules(ROOT)
 
 
-def imported_modules(name: str) -> set[str]:
-    """The package's modules that `name` imports anywhere, lazily inside functions included;
-    `if TYPE_CHECKING:` blocks are left out (they never run)."""
-    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
-    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+def imported_modules(name: str, modules: dict[str, Path] = MODULES) -> set[str]:
+    """The modules (of `modules`) that `name` imports anywhere: lazily inside functions and in
+    `if TYPE_CHECKING:` blocks included (a loop through annotations is a loop all the same)."""
+    tree = ast.parse(modules[name].read_text(encoding="utf-8"))
+    package = name if modules[name].name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -51,9 +48,14 @@ def imported_modules(name: str) -> set[str]:
                                  *([base] if base else [])])  # fmt: skip
             for alias in node.names:
                 full = f"{base}.{alias.name}"
-                found.add(full if full in MODULES else base)
+                found.add(full if full in modules else base)
         stack.extend(ast.iter_child_nodes(node))
-    return {m for m in found if m in MODULES and m != name}
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module -> the modules it imports (imported_modules)."""
+    return {name: imported_modules(name, modules) for name in modules}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -88,13 +90,66 @@ def test_find_cycle_finds_one_and_only_when_there_is_one() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
+KNOWN_LOOPS: dict[tuple[str, str], str] = {
+    ("verispec.drafters.registry", "verispec.config"): (
+        "registry.py imports SpecConfig for its annotations while config.py imports the "
+        "registry; this entry goes when config is a leaf (issue 36, item 2)"
+    ),
+}
+"""Import edges (importer, imported) the cycle test leaves out, each closing a loop known and
+being removed elsewhere; test_each_known_loop_is_still_there fails once one is gone, so the entry
+is deleted with it."""
+
+
+def unexpected_cycle(
+    graph: dict[str, set[str]], known: dict[tuple[str, str], str] = KNOWN_LOOPS
+) -> list[str] | None:
+    """A cycle of the graph once the known loops' edges are left out, or None."""
+    kept = {name: {m for m in imports if (name, m) not in known} for name, imports in graph.items()}
+    return find_cycle(kept)
+
+
 def test_the_package_has_no_import_cycle() -> None:
-    graph = {name: imported_modules(name) for name in MODULES}
+    graph = import_graph(MODULES)
     assert graph["verispec.engine.engine"] >= {
         "verispec.drafters.registry", "verispec.engine.request"
     }  # fmt: skip
-    cycle = find_cycle(graph)
+    cycle = unexpected_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_each_known_loop_is_still_there() -> None:
+    graph = import_graph(MODULES)
+    for (importer, imported), why in KNOWN_LOOPS.items():
+        closed = imported in graph.get(importer, ())
+        cycle = find_cycle(graph | {importer: {imported}}) if closed else None
+        assert importer in (cycle or []), (
+            f"{importer} -> {imported} no longer closes a loop: delete it from KNOWN_LOOPS ({why})"
+        )
+
+
+def test_a_loop_through_type_checking_imports_is_found(tmp_path: Path) -> None:
+    """The probe: a package whose only loop runs through `if TYPE_CHECKING:` blocks (both
+    spellings, absolute and relative imports) fails the check the package passes."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text("")
+    (probe / "a.py").write_text("from probe.b import B\n\n\nclass A:\n    b: B\n")
+    (probe / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from probe.c import C\n\n\n"
+        "class B:\n    c: C\n"
+    )  # fmt: skip
+    (probe / "c.py").write_text(
+        "import typing\n\nif typing.TYPE_CHECKING:\n    from . import a\n\n\n"
+        "class C:\n    a: a.A\n"
+    )  # fmt: skip
+    (probe / "d.py").write_text("from probe.a import A\n")  # imports into the loop, not part
+    graph = import_graph(package_modules(probe))
+    assert graph["probe.b"] == {"probe.c"} and graph["probe.c"] == {"probe.a"}
+    assert unexpected_cycle(graph) == ["probe.a", "probe.b", "probe.c", "probe.a"]
+    assert unexpected_cycle(graph, {("probe.c", "probe.a"): "allowed"}) is None
+    (probe / "c.py").write_text("class C:\n    pass\n")  # the loop broken
+    assert unexpected_cycle(import_graph(package_modules(probe))) is None
 
 
 MODEL_LAYERS = {

@@ -10,34 +10,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from verispec import LLM, SamplingParams
 from verispec.api.chat import ROLES, as_conversations, chat_prompt, check_text
 
-# ChatML-like, with the tokenizer's own BOS (<s>, id 0), which its encode() also prepends
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-CONVERSATION = [
-    {"role": "system", "content": "You write Python."},
-    {"role": "user", "content": "def add(a, b):"},
-]
 OTHER = [{"role": "user", "content": "class Point:"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-
-
-def with_chat_template(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
-    """A copy of the tokenizer with TEMPLATE as its chat template."""
-    chat_tokenizer = copy.deepcopy(tokenizer)
-    chat_tokenizer.chat_template = TEMPLATE
-    return chat_tokenizer
-
-
-def make_chat_checkpoint(path: Path, tokenizer: PreTrainedTokenizerFast) -> Path:
-    """A sharp tiny Llama whose tokenizer has TEMPLATE as its chat template."""
-    make_checkpoint(path, "llama", with_chat_template(tokenizer), layer_scale=8.0)
-    return path
 
 
 @pytest.fixture(scope="module")

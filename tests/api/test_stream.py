@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tests.api.test_chat import CONVERSATION, make_chat_checkpoint
+from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams
 from verispec.api.outputs import StreamDelta

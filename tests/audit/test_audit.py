@@ -12,18 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
+from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.report import DIFFERS, IDENTICAL, NEAR_TIE, greedy_prompt
 from verispec.cli.main import main
 from verispec.engine import runner
 from verispec.sample import rejection
-from verispec.sample.rejection import Verdict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["def add(a, b):", "for i in range(10):", "class Point:", "import os"]
-HEAD_SCALE = 25.0  # top token 0.3-0.7 after these prompts: cells with counts, at 800 samples
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +30,6 @@ def far_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path,
     scaled by HEAD_SCALE), and a copy with 0.05 std of noise per matrix: about 40% of sampled
     drafts accepted, and q far enough from p that a verifier emitting q is caught."""
     return make_sharp_pair(tmp_path_factory, "verify", tokenizer, noise=0.05)
-
-
-def make_sharp_pair(
-    factory: pytest.TempPathFactory, name: str, tokenizer, noise: float
-) -> tuple[Path, Path]:
-    """(target, draft) directories: a tiny Llama (layers x8) whose output layer is scaled by
-    HEAD_SCALE, and a copy with `noise` std of noise per matrix."""
-    target, draft = factory.mktemp(f"{name}-target"), factory.mktemp(f"{name}-draft")
-    model = make_checkpoint(target, "llama", tokenizer, layer_scale=8.0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(HEAD_SCALE)
-    model.save_pretrained(str(target))
-    make_perturbed_copy(draft, model, tokenizer, noise=noise)
-    return target, draft
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +51,6 @@ def verify(pair: tuple[Path, Path], prompts: Path, tmp_path: Path, *extra: str) 
 def _accept_all(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Broken: every draft is accepted, whatever the target says (output follows the draft)."""
     return torch.tensor(counts, dtype=torch.int64, device=ok.device)
-
-
-def accept_every_greedy_draft(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
-    """Broken verify_greedy (what the engine's runner calls for greedy requests): every draft
-    is accepted, then the argmax after the last one is emitted."""
-    target, start, token_ids = logits.argmax(dim=1).tolist(), 0, []
-    for d in drafts:
-        token_ids.append([*d, target[start + len(d)]])
-        start += len(d) + 1
-    return Verdict(token_ids=token_ids, num_accepted=[len(d) for d in drafts])
 
 
 def test_greedy_exact_in_batch_invariant_mode(far_pair, prompts_file, tmp_path, capsys) -> None:

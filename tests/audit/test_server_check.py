@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.api.test_chat import with_chat_template
-from tests.audit.test_audit import accept_every_greedy_draft, make_sharp_pair
+from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair
+from tests.helpers.chat import with_chat_template
 from verispec import LLM, SpecConfig
 from verispec.audit.client import ServerClient, ServerError
 from verispec.cli.main import main

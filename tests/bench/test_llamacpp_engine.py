@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.gguf_files import write_gguf_file
 from verispec.bench import harness
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, VerispecEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing, lookup_stats
@@ -99,9 +101,6 @@ def test_missing_llama_cpp_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatc
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
     """A tiny random Llama written as a float32 GGUF file (with its tokenizer), as llama.cpp's
     converter would write it."""
-    from tests.helpers.checkpoints import make_checkpoint
-    from tests.helpers.gguf_files import write_gguf_file
-
     hf = tmp_path_factory.mktemp("hf")
     model = make_checkpoint(hf, "llama", tokenizer, layer_scale=8.0, max_position_embeddings=2048)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"

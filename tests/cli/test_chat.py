@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.test_chat import with_chat_template
+from tests.helpers.chat import with_chat_template
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.cli.chat import ChatSession

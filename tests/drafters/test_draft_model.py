@@ -13,14 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from tests.helpers.checkpoints import CORPUS, SPEC_PAIRS, make_checkpoint
+from tests.helpers.drafting import check_caches
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.draft_model import check_vocabularies
-from verispec.engine.engine import Engine
-from verispec.engine.request import Request, Status
+from verispec.engine.request import Request
 from verispec.engine.stats import SpecStats
 from verispec.models.kernels.native_layer import can_step_greedily
-from verispec.models.llama import LlamaModel
-from verispec.models.paged import PagedModel, append_chunk
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 
@@ -47,64 +45,6 @@ def draft_llm(target: Path, draft: Path, k: int = 4, **engine: Any) -> LLM:
 
 
 # KV caches after rollback
-
-
-def fresh_kv(model: LlamaModel, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values [layers, len(tokens), kv_heads, head_dim] of a fresh one-chunk prefill."""
-    block_size = 4
-    num_blocks = -(-len(tokens) // block_size)
-    paged = PagedModel(model, num_blocks, block_size)
-    chunk = append_chunk(paged.new_table(), tokens)
-    paged.forward([chunk])
-    index = torch.tensor(chunk.slots)
-    return paged.kv.read(index)
-
-
-def assert_cache_holds(
-    model: LlamaModel, kv: Any, slots: list[int], tokens: list[int], what: str
-) -> None:
-    """The cache's entries at slots equal a fresh prefill of tokens."""
-    index = torch.tensor(slots, dtype=torch.int64)
-    want_k, want_v = fresh_kv(model, tokens)
-    have_k, have_v = kv.read(index)
-    torch.testing.assert_close(have_k, want_k, atol=1e-5, rtol=1e-5, msg=what)
-    torch.testing.assert_close(have_v, want_v, atol=1e-5, rtol=1e-5, msg=what)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def check_caches(engine: Engine, requests: list[Request]) -> int:
-    """For every live request: the target cache holds its first num_computed_tokens tokens;
-    the draft cache's entries that still match its tokens hold exactly those tokens. Returns
-    how many draft positions were found stale (rolled back drafts awaiting truncation)."""
-    stale = 0
-    proposer = engine.proposer
-    for r in requests:
-        if r.status is not Status.RUNNING:
-            assert r.request_id not in proposer.states or r.status is Status.WAITING
-            continue
-        n = r.num_computed_tokens
-        assert r.block_table.num_tokens == n
-        if n:
-            slots = r.block_table.slots(0, n)
-            target_kv = engine.runner.target.kv
-            assert_cache_holds(engine.model, target_kv, slots, r.all_token_ids[:n], "target")
-        state = proposer.states.get(r.request_id)
-        if state is None:
-            continue
-        held = state.base + state.drafts  # what the draft cache claims to hold, in order
-        assert state.table.num_tokens == len(held)
-        assert r.all_token_ids[: len(state.base)] == state.base  # accepted tokens never change
-        valid = common_prefix(held, r.all_token_ids)
-        stale += len(held) - valid
-        slots = state.table.slots(0, valid)
-        assert_cache_holds(proposer.model, proposer.paged.kv, slots, held[:valid], "draft")
-    return stale
 
 
 KV_CASES = {

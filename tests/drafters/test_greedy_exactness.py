@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.helpers.checkpoints import CORPUS, SPEC_PAIRS, count_preemptions
+from tests.helpers.drafting import (
+    PROMPTS,
+    assert_partial,
+    assert_same,
+    random_prompts,
+    repeating_prompts,
+    stop_params,
+)
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
 from verispec.engine.request import Request
@@ -23,31 +30,9 @@ from verispec.models.kernels.build import NativeKernel, native_kernel
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 METHODS = ("draft_model", "ngram", "suffix")
-VOCAB = 320
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def random_prompts(n: int, seed: int, lo: int = 2, hi: int = 24) -> list[list[int]]:
-    """n prompts of random lengths in [lo, hi) from a seeded generator, ids outside 0-2."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
-    return [torch.randint(3, VOCAB, (m,), generator=g).tolist() for m in lengths]
-
-
-def repeating_prompts(seed: int) -> list[list[int]]:
-    """Prompts that repeat a short pattern (after a random lead-in), so n-grams match."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for period, repeats in ((1, 5), (2, 4), (3, 3), (4, 3), (5, 2)):
-        lead = torch.randint(3, VOCAB, (period,), generator=g).tolist()
-        pattern = torch.randint(3, VOCAB, (period,), generator=g).tolist()
-        out.append([0, *lead, *(pattern * repeats)])
-    return out
-
-
-PROMPTS: list[str | list[int]] = [*random_prompts(5, seed=0), *repeating_prompts(1), *CORPUS]
 
 
 def spec_config(method: str, k: int, draft: Path) -> SpecConfig:
@@ -90,19 +75,6 @@ def speculative(
     return llm.generate(prompts, params), llm
 
 
-def assert_same(spec: list[RequestOutput], ref: list[RequestOutput]) -> None:
-    assert len(spec) == len(ref)
-    for i, (s, r) in enumerate(zip(spec, ref, strict=True)):
-        assert s.token_ids == r.token_ids, f"prompt {i}: speculative output differs from plain"
-        assert (s.finish_reason, s.text) == (r.finish_reason, r.text), f"prompt {i}"
-
-
-def assert_partial(llm: LLM) -> None:
-    """Some drafts were accepted and some rejected."""
-    rate = llm.engine.spec_stats.acceptance_rate
-    assert rate is not None and 0 < rate < 1, f"acceptance rate {rate}"
-
-
 def pair_k_cases(subset: tuple[int, ...], llama: tuple[int, ...] = tuple(range(1, 9))) -> list[Any]:
     """Every k (by default) for the llama pair, a subset for the others (the pairs differ in
     the model, not in the speculative bookkeeping)."""
@@ -124,21 +96,6 @@ def test_greedy_equals_plain(spec_pair, k: int, method: str, plain: Plain) -> No
     stats = llm.engine.spec_stats
     assert stats.num_draft_tokens <= k * stats.num_verify_steps
     assert len(stats.per_position_acceptance_rate) <= k
-
-
-def stop_params(ref: list[RequestOutput], decode: Any) -> list[SamplingParams]:
-    """Per prompt, a stop that plain decoding hits mid-output: a token id for even prompts, a
-    stop string (the text of a middle token) for odd ones."""
-    params = []
-    for i, r in enumerate(ref):
-        at = len(r.token_ids) // 2 + i % 5
-        token = r.token_ids[at]
-        common: dict[str, Any] = dict(temperature=0, max_tokens=32)
-        if i % 2 == 0 or not decode([token]).strip():
-            params.append(SamplingParams(stop_token_ids=[token], **common))
-        else:
-            params.append(SamplingParams(stop=[decode([token]).strip()], **common))
-    return params
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -32,7 +32,6 @@ with VERISPEC_FULL=1.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 from collections import Counter
@@ -42,10 +41,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tests.helpers.checkpoints import family_config
+from tests.helpers.distribution import (
+    ALPHA,
+    DRAFT_PROMPT,
+    VOCAB,
+    exact_joint,
+    run_case,
+    word_tokenizer,
+)
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.fit import Fit, chi2_sf, fit, gamma_q
 from verispec.drafters.suffix import SuffixProposer
@@ -54,7 +60,6 @@ from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
-from verispec.sample.logits import SamplingTensors, warp
 from verispec.train.distill import (
     extract_features,
     generate_responses,
@@ -65,23 +70,9 @@ from verispec.train.eagle import TrainableEagle
 from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
 from verispec.train.trainer import TrainConfig, train
 
-VOCAB = 12
-TOKENS = 3  # the first TOKENS generated tokens form one cell
 N = 30_000 if os.environ.get("VERISPEC_FULL") == "1" else 3_000
-ALPHA = 1e-3
 HEAD_SCALE = 15.0  # sharp output layer: top token ~0.45 on average, entropy ~1.6 nats (not 2.5)
 DRAFT_NOISE = 0.5  # draft = target + 0.5 std of noise per matrix: sum min(p, q) about 0.45
-DRAFT_PROMPT = [0, 5, 9]
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    """The 12-word vocabulary's tokenizer: <s>, </s>, <pad>, w0 .. w8, split on whitespace."""
-    words = ["<s>", "</s>", "<pad>", *(f"w{i}" for i in range(VOCAB - 3))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +90,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     with torch.no_grad():
         for w in target.model.layers.parameters():
             if w.dim() == 2:
-                w.mul_(8.0)  # layers that really mix the context (conftest's layer_scale)
+                w.mul_(8.0)  # layers that really mix the context (make_checkpoint's layer_scale)
         target.lm_head.weight.mul_(HEAD_SCALE)
         for w, d in zip(target.parameters(), draft.parameters(), strict=True):
             d.copy_(w)
@@ -125,51 +116,11 @@ def ngram_prompt(checkpoints: tuple[Path, Path, PreTrainedModel]) -> list[int]:
     return ids + ids[1:]
 
 
-def exact_joint(model: PreTrainedModel, prompt: list[int], params: SamplingParams) -> list[float]:
-    """P(first TOKENS outputs = cell) for every cell a * V^2 + b * V + c, from the target's
-    logits on every prefix, each row warped as the engine warps it (its outputs as history)."""
-    prefixes = torch.cartesian_prod(*[torch.arange(VOCAB)] * (TOKENS - 1))  # [M, TOKENS - 1]
-    m = len(prefixes)
-    ids = torch.cat([torch.tensor(prompt).expand(m, -1), prefixes], dim=1)
-    with torch.no_grad():
-        logits = model(ids).logits[:, len(prompt) - 1 :]  # [M, TOKENS, V]: row j scores t_{j+1}
-    joint = torch.ones(m, dtype=torch.float64)  # [M] P(t_1..t_j = prefix[:j])
-    for j in range(TOKENS):
-        t = SamplingTensors.build([params] * m, [prompt] * m, prefixes[:, :j].tolist(), VOCAB)
-        p = warp(logits[:, j], t).double()  # [M, V]
-        if j < TOKENS - 1:
-            joint *= p.gather(1, prefixes[:, j : j + 1])[:, 0]
-    return (joint[:, None] * p).flatten().tolist()
-
-
 @dataclass(frozen=True)
 class Run:
     fit: Fit
     acceptance: float | None
     draft_tokens: int
-
-
-def run_case(
-    target: Path, prompt: list[int], params: SamplingParams, spec: SpecConfig | None, n: int,
-    first_seed: int = 0,
-) -> tuple[Counter[int], float | None, int]:
-    """Counts of the first-TOKENS cell over n requests with seeds first_seed .. first_seed + n
-    - 1, all in one batch."""
-    llm = LLM(
-        model=str(target), speculative=spec, max_num_seqs=n, max_num_batched_tokens=32 * n,
-        max_model_len=32,
-    )  # fmt: skip
-    seeds = range(first_seed, first_seed + n)
-    outs = llm.generate([prompt] * n, [dataclasses.replace(params, seed=i) for i in seeds])
-    cells: Counter[int] = Counter()
-    for out in outs:
-        assert len(out.token_ids) == params.max_tokens
-        cell = 0
-        for token in out.token_ids[:TOKENS]:
-            cell = cell * VOCAB + token
-        cells[cell] += 1
-    stats = llm.engine.spec_stats
-    return cells, stats.acceptance_rate, stats.num_draft_tokens
 
 
 def measure(

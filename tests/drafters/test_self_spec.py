@@ -21,16 +21,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from tests.drafters.test_draft_model import check_caches
-from tests.drafters.test_greedy_exactness import (
-    PROMPTS,
-    assert_partial,
-    assert_same,
-    random_prompts,
-    repeating_prompts,
-    stop_params,
-)
-from tests.drafters.test_sampling_distribution import (
+from tests.helpers.checkpoints import CORPUS, count_preemptions, family_config, make_checkpoint
+from tests.helpers.distribution import (
     ALPHA,
     DRAFT_PROMPT,
     TOKENS,
@@ -39,7 +31,15 @@ from tests.drafters.test_sampling_distribution import (
     run_case,
     word_tokenizer,
 )
-from tests.helpers.checkpoints import CORPUS, count_preemptions, family_config, make_checkpoint
+from tests.helpers.drafting import (
+    PROMPTS,
+    assert_partial,
+    assert_same,
+    check_caches,
+    random_prompts,
+    repeating_prompts,
+    stop_params,
+)
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
 from verispec.audit.fit import fit

@@ -4,18 +4,18 @@ reference the answers are compared with."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.api.test_chat import with_chat_template
+from tests.helpers.chat import with_chat_template
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
-from verispec import LLM, SpecConfig
+from tests.helpers.serving import speculative_llm
+from verispec import LLM
 from verispec.serve import Server
 
-DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (conftest.SPEC_PAIRS)
+DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (helpers/checkpoints.py SPEC_PAIRS)
 
 
 @pytest.fixture(scope="session")
@@ -27,15 +27,6 @@ def chat_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path
     model = make_checkpoint(target, "llama", chat_tokenizer, layer_scale=8.0)
     make_perturbed_copy(draft, model, chat_tokenizer, DRAFT_NOISE)
     return target, draft
-
-
-def speculative_llm(chat_pair: tuple[Path, Path], adaptive: bool = False, **options) -> LLM:
-    """The target with its draft model, k = 4 (up to 4 when adaptive), batch-invariant (greedy
-    output equals plain)."""
-    target, draft = chat_pair
-    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=4,
-                      adaptive=adaptive)  # fmt: skip
-    return LLM(model=str(target), speculative=spec, batch_invariant=True, **options)
 
 
 @pytest.fixture(scope="session")
@@ -52,20 +43,3 @@ def server(chat_pair: tuple[Path, Path]) -> Iterator[Server]:
         yield s
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll condition until it holds; fail the test after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
-def blocks_free(server: Server) -> bool:
-    """Every KV block of the target and of the draft model is back in its allocator."""
-    engine = server.engine.engine
-    allocators = [engine.allocator]
-    draft = getattr(engine.proposer, "paged", None)
-    if draft is not None:
-        allocators.append(draft.allocator)
-    return all(a.num_used == 0 for a in allocators)

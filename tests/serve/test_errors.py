@@ -5,38 +5,16 @@ from __future__ import annotations
 
 import http.client
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
-from tests.serve.conftest import blocks_free, speculative_llm, wait_until
+from tests.helpers.serving import blocks_free, call, speculative_llm, wait_until
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def call(
-    url: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-    method: str | None = None, raw: bytes | None = None,
-) -> tuple[int, Any]:  # fmt: skip
-    """(status, parsed JSON or text) of one HTTP request."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              **(headers or {})})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            status, text = response.status, response.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
 
 
 def assert_error(status: int, body: Any, expected_status: int, param: str | None = None) -> None:

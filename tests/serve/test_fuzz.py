@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.generation import GenerationMode
 
-from tests.serve.conftest import speculative_llm
+from tests.helpers.serving import speculative_llm
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.serve.conftest import blocks_free, speculative_llm, wait_until
+from tests.helpers.serving import blocks_free, speculative_llm, wait_until
 from verispec import LLM, SamplingParams
 from verispec.serve import Server
 

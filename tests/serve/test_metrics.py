@@ -9,8 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serve.conftest import speculative_llm, wait_until
-from tests.serve.test_errors import call
+from tests.helpers.serving import call, speculative_llm, wait_until
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")

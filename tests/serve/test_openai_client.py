@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.serve.conftest import speculative_llm
+from tests.helpers.serving import speculative_llm
 from verispec import LLM, SamplingParams
 from verispec.serve import Server
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.conftest import speculative_llm
+from tests.helpers.serving import speculative_llm
 from verispec import LLM, SamplingParams
 from verispec.serve import Server
 

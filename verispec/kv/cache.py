@@ -79,10 +79,3 @@ class KVCache:
         are read before any destination is written): moves an accepted tree path into place."""
         for cache in (*self.k, *self.v):
             cache.index_copy_(0, dst, cache.index_select(0, src))
-
-    @staticmethod
-    def bytes_per_token(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        """Bytes one token's keys and values take across all layers."""
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()

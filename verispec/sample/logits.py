@@ -21,7 +21,7 @@ from verispec.api.sampling_params import SamplingParams
 # float32 probabilities and their sums are off by a few ulps, so the inclusive boundaries of
 # top-p ("mass >= top_p") and min-p ("p >= min_p * max p") get this slack: probs
 # [0.5, 0.3, 0.15, 0.05] keep exactly two tokens with top_p=0.8 and four with min_p=0.1.
-_BOUNDARY_TOL = 1e-6
+BOUNDARY_TOL = 1e-6
 
 _TOPK_MAX = 256
 """Largest top-k the CPU path serves with torch.topk; beyond it a full values sort costs less."""
@@ -159,7 +159,7 @@ def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits - t.presence_penalty.unsqueeze(1) * (counts > 0).to(logits.dtype)
 
 
-def _truncate_sorted(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+def truncate_sorted(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """Top-k then top-p on one stable descending sort (ties keep the lowest token id first).
 
     Top-k keeps exactly k tokens. Top-p keeps the smallest prefix of the sorted top-k survivors
@@ -200,7 +200,7 @@ def _kept_positions(
         probs = row.softmax(dim=1)  # [m, vocab]
         mass_above = probs.cumsum(dim=1).sub_(probs)[:, :h]  # [m, h] mass ranked higher
         # rows with top_p = 1 keep everything: no mass reaches an infinite threshold
-        threshold = torch.where(top_p < 1.0, top_p - _BOUNDARY_TOL, math.inf)  # [m]
+        threshold = torch.where(top_p < 1.0, top_p - BOUNDARY_TOL, math.inf)  # [m]
         over = mass_above >= threshold.unsqueeze(1)  # [m, h]
         over[:, 0] = False  # the most probable token always stays
         keep = keep.logical_and_(over.logical_not_()) if need_top_k else over.logical_not_()
@@ -208,7 +208,7 @@ def _kept_positions(
 
 
 def _truncate_cpu(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """`_truncate_sorted`'s result, bit for bit, without its stable argsort of [n, vocab].
+    """`truncate_sorted`'s result, bit for bit, without its stable argsort of [n, vocab].
 
     Only truncating rows are touched; `_kept_ids` finds the tokens each of them keeps.
     """
@@ -225,7 +225,7 @@ def _truncate_cpu(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         out = x.index_fill(0, index, -math.inf)
     kept = _kept_ids(xs, top_k, top_p, t.need_top_p, max(ks[i] for i in rows))
     if kept is None:  # NaN logits: leave them to the sort path, NaN and all
-        return _truncate_sorted(x, t)
+        return truncate_sorted(x, t)
     out_np, x_np = out.detach().numpy(), xs.detach().numpy()  # share memory: writes go to out
     for i, (row, tokens) in enumerate(zip(rows, kept, strict=True)):
         out_np[row, tokens] = x_np[i, tokens]
@@ -329,10 +329,10 @@ def warp(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
             return greedy_p
     x = x / t.temperature.unsqueeze(1)
     if t.need_top_k or t.need_top_p:
-        x = _truncate_cpu(x, t) if x.device.type == "cpu" else _truncate_sorted(x, t)
+        x = _truncate_cpu(x, t) if x.device.type == "cpu" else truncate_sorted(x, t)
     if t.need_min_p:
         probs = x.softmax(dim=1)  # [n, vocab]
-        floor = (t.min_p - _BOUNDARY_TOL).unsqueeze(1) * probs.amax(dim=1, keepdim=True)  # [n, 1]
+        floor = (t.min_p - BOUNDARY_TOL).unsqueeze(1) * probs.amax(dim=1, keepdim=True)  # [n, 1]
         x = x.masked_fill(probs < floor, float("-inf"))
     p = x.softmax(dim=1)  # [n, vocab]
     if greedy_p is not None:

@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.harness import Runner, assert_runs_match
 from verispec.models.kernels import build, ffi, packing, product
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.kernels.linear import Linear, choose_backend, pack_together
+from verispec.models.kernels.native_layer import NativeStack
 from verispec.models.kernels.packing import PackedWeight, pack
 from verispec.models.kernels.quantization import round_to_q8_0
+from verispec.models.weights.loader import load_model
 
 CPU = torch.device("cpu")
 F = ffi.WeightFormat
@@ -63,7 +67,7 @@ def test_products_match_float64_on_every_instruction_set(
     for kernel in kernels():
         for rows in (1, 2, 3, 5, 8, 17):
             x = torch.randn(rows, inp, generator=g)
-            got = product._product(kernel, x, packed, b)
+            got = product.product_on(kernel, x, packed, b)
             expected = x.double() @ w.double().T + b.double()
             torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=0)
 
@@ -77,11 +81,11 @@ def test_every_row_is_its_one_row_product(dtype: torch.dtype) -> None:
     packed = pack(w, dtype)
     x = torch.randn(11, 1536, generator=g)
     for kernel in kernels():
-        whole = product._product(kernel, x, packed, None)
+        whole = product.product_on(kernel, x, packed, None)
         for i in range(11):
-            alone = product._product(kernel, x[i : i + 1], packed, None)
+            alone = product.product_on(kernel, x[i : i + 1], packed, None)
             assert torch.equal(alone[0], whole[i]), (kernel.isa_name, i)
-        shifted = product._product(kernel, x[3:9], packed, None)
+        shifted = product.product_on(kernel, x[3:9], packed, None)
         assert torch.equal(shifted, whole[3:9]), kernel.isa_name
 
 
@@ -181,11 +185,11 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 96, generator=g)  # 40 rows: prefill-sized calls unpack each block once
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = [product._product(kernel, x[i : i + 1], packed, b)[0] for i in range(40)]
+        alone = [product.product_on(kernel, x[i : i + 1], packed, b)[0] for i in range(40)]
         # 2-8 rows: tiles of 4 x 4 and their remainders (and 37 outputs: a part block); 40:
         # each block unpacked once.
         for rows in (2, 3, 4, 5, 8, 9, 40):
-            whole = product._product(kernel, x[:rows], packed, b)
+            whole = product.product_on(kernel, x[:rows], packed, b)
             expected = x[:rows].double() @ w.double().T + (0 if b is None else b.double())
             torch.testing.assert_close(whole.double(), expected, atol=2e-5, rtol=0)
             for i in range(rows):
@@ -247,8 +251,8 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 40):
-            got = product._product(kernel, x[:rows], packed, bias)
-            want = product._product(kernel, x[:rows], twin, bias)
+            got = product.product_on(kernel, x[:rows], packed, bias)
+            want = product.product_on(kernel, x[:rows], twin, bias)
             assert torch.equal(got, want), (kernel.isa_name, rows)
             expected = x[:rows].double() @ w.double().T + bias.double()
             torch.testing.assert_close(got.double(), expected, atol=5e-5, rtol=0)
@@ -309,8 +313,8 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
     bias = torch.randn(out)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = product._product(kernel, x[:rows], nibbles, bias)
-            want = product._product(kernel, x[:rows], bytes_each, bias)
+            got = product.product_on(kernel, x[:rows], nibbles, bias)
+            want = product.product_on(kernel, x[:rows], bytes_each, bias)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
@@ -343,9 +347,9 @@ def test_a8_products_round_each_row_on_its_own(form: str, fmt: ffi.WeightFormat,
     expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
     results = []
     for kernel in kernels():
-        alone = [product._product(kernel, x[i : i + 1], packed, bias)[0] for i in range(40)]
+        alone = [product.product_on(kernel, x[i : i + 1], packed, bias)[0] for i in range(40)]
         for rows in (2, 3, 4, 5, 8, 9, 13, 16, 40):  # tiles of 8, 4 and 1-3 rows
-            whole = product._product(kernel, x[:rows], packed, bias)
+            whole = product.product_on(kernel, x[:rows], packed, bias)
             torch.testing.assert_close(whole.double(), expected[:rows], atol=5e-5, rtol=0)
             for i in range(rows):
                 assert torch.equal(alone[i], whole[i]), (kernel.isa_name, rows, i)
@@ -373,8 +377,8 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
     bias = torch.randn(out, generator=g)
     for kernel in kernels():
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            got = product._product(kernel, x[:rows], full, bias)
-            want = product._product(kernel, x[:rows], half, bias)
+            got = product.product_on(kernel, x[:rows], full, bias)
+            want = product.product_on(kernel, x[:rows], half, bias)
             assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
 
 
@@ -468,14 +472,14 @@ def assert_products(packed: PackedWeight, twin: PackedWeight, w: torch.Tensor, e
     x = torch.randn(40, w.shape[1], generator=g)
     bias = torch.randn(out, generator=g)
     for kernel, b in itertools.product(kernels(), (bias, None)):
-        alone = product._product(kernel, x[:1], packed, b)[0]
+        alone = product.product_on(kernel, x[:1], packed, b)[0]
         for rows in ROW_COUNTS:
-            got = product._product(kernel, x[:rows], packed, b)
+            got = product.product_on(kernel, x[:rows], packed, b)
             reference = x[:rows] @ w.T + (0 if b is None else b)
             scale = (x[:rows].abs() @ w.abs().T).amax()
             torch.testing.assert_close(got, reference, atol=float(scale) * 2e-6, rtol=0)
             assert torch.equal(got[0], alone), (kernel.isa_name, rows)
-            want = product._product(kernel, x[:rows], twin, b)
+            want = product.product_on(kernel, x[:rows], twin, b)
             if exact:
                 assert torch.equal(got, want), (kernel.isa_name, rows)
 
@@ -562,13 +566,6 @@ def unpacked(lin: Linear) -> torch.Tensor:
 @needs_kernel
 def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
-    from tests.helpers.checkpoints import make_checkpoint
-
-    from verispec.models.kernels.native_layer import NativeStack
-    from verispec.models.weights.loader import load_model
-
-    from tests.helpers.harness import Runner, assert_runs_match
-
     make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
     runners = []
     for native in (True, False):
@@ -637,8 +634,8 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
         bias = torch.randn(out)
         for kernel in kernels():
             for rows in ROW_COUNTS:
-                got = product._product(kernel, x[:rows], stored, bias)
-                want = product._product(kernel, x[:rows], wide, bias)
+                got = product.product_on(kernel, x[:rows], stored, bias)
+                want = product.product_on(kernel, x[:rows], wide, bias)
                 assert torch.equal(got, want), (formats, kernel.isa_name, rows)
 
 
@@ -696,8 +693,8 @@ def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
     assert_products(stored, wide, materialized(codes), exact=True)
     x = torch.randn(product.CHUNK_ROWS + 3, supers * 256)  # calls split in passes
     for kernel in kernels():
-        got = product._product(kernel, x, stored, None)
-        assert torch.equal(got, product._product(kernel, x, wide, None))
+        got = product.product_on(kernel, x, stored, None)
+        assert torch.equal(got, product.product_on(kernel, x, wide, None))
 
 
 def test_q6_super_needs_its_factors_and_zero_m() -> None:

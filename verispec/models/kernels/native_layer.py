@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
@@ -32,10 +32,49 @@ from verispec.models.kernels.packing import PackedWeight
 
 if TYPE_CHECKING:
     from verispec.kv.cache import KVCache
-    from verispec.models.llama import DecoderLayer, LlamaModel
 
 
-def supported(layers: Sequence[DecoderLayer], config: ModelConfig, embed: torch.Tensor) -> bool:
+class LayerWeights(Protocol):
+    """What the stack reads of a decoder layer (llama.DecoderLayer): named here, not imported,
+    so kernels stay below the model that runs them."""
+
+    @property
+    def input_norm(self) -> torch.Tensor: ...
+    @property
+    def post_norm(self) -> torch.Tensor: ...
+    @property
+    def q_norm(self) -> torch.Tensor | None: ...
+    @property
+    def k_norm(self) -> torch.Tensor | None: ...
+    @property
+    def qkv(self) -> Linear: ...
+    @property
+    def o(self) -> Linear: ...
+    @property
+    def gate_up(self) -> Linear: ...
+    @property
+    def down(self) -> Linear: ...
+    @property
+    def window(self) -> int | None: ...
+
+
+class NativeModel(Protocol):
+    """What greedy_steps and the can_* checks read of a model (llama.LlamaModel), for the
+    same reason."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def embed(self) -> torch.Tensor: ...
+    @property
+    def lm_head(self) -> Linear: ...
+    @property
+    def native(self) -> NativeStack | None: ...
+    @property
+    def compiled(self) -> object: ...
+
+
+def supported(layers: Sequence[LayerWeights], config: ModelConfig, embed: torch.Tensor) -> bool:
     """Whether these layers can run this stack: float32 on the CPU, every product on the
     native kernel (so the library is loaded) with no column padding (the stack passes its
     buffers to the kernel as they are), and an even head dimension (rotary halves)."""
@@ -131,7 +170,7 @@ class NativeStack:
     """Decoder layers as layer.c reads them (built once; the tensors stay their owner's), and
     the one call that runs them all."""
 
-    def __init__(self, layers: Sequence[DecoderLayer], config: ModelConfig,
+    def __init__(self, layers: Sequence[LayerWeights], config: ModelConfig,
                  inv_freq: torch.Tensor, final_norm: torch.Tensor) -> None:  # fmt: skip
         self.config = config
         self.inv_freq = inv_freq  # [head_dim / 2]
@@ -200,7 +239,7 @@ class NativeStack:
 
 
 def greedy_steps(
-    model: LlamaModel, kv: KVCache, first: Sequence[int], positions: Sequence[int],
+    model: NativeModel, kv: KVCache, first: Sequence[int], positions: Sequence[int],
     slots: Sequence[Sequence[int]], tables: Sequence[Sequence[int]], block_size: int, limit: int,
 ) -> list[list[int]]:  # fmt: skip
     """Greedy drafting in one native call (layer.c's verispec_greedy_steps): len(slots) steps
@@ -235,7 +274,7 @@ def greedy_steps(
     return out.tolist()
 
 
-def can_fold_head(model: LlamaModel) -> bool:
+def can_fold_head(model: NativeModel) -> bool:
     """Whether the native stack can run the LM head in its own call (NativeStack.logits):
     eager, the head on the native kernel taking the final-normed rows as they are (no padded
     columns)."""
@@ -248,7 +287,7 @@ def can_fold_head(model: LlamaModel) -> bool:
     )
 
 
-def can_step_greedily(model: LlamaModel) -> bool:
+def can_step_greedily(model: NativeModel) -> bool:
     """Whether greedy_steps can run this model: the head folds in (can_fold_head), no
     sliding window (the steps apply causal order only), a contiguous embedding table."""
     return (

@@ -36,12 +36,14 @@ def product(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) ->
     if torch.compiler.is_compiling():
         return native_linear_op(x, packed.codes, packed.scales, bias, int(packed.format),
                                 packed.out_features, packed.in_features)  # fmt: skip
-    return _product(loaded(), x, packed, bias)
+    return product_on(loaded(), x, packed, bias)
 
 
-def _product(
+def product_on(
     kernel: NativeKernel, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
+    """`product` on the given kernel (build.loaded()'s, or one instruction set's to compare
+    them), eagerly: x padded to the packed columns, one native call."""
     columns = packed.columns  # K'
     x = x.contiguous()
     if x.shape[1] != columns:
@@ -64,7 +66,7 @@ def native_linear_op(
     """`product` as an operator torch.compile can place in a graph: the PackedWeight's fields,
     its format as WeightFormat's int."""
     packed = PackedWeight(WeightFormat(weight_format), codes, scales, out_features, in_features)
-    return _product(loaded(), x, packed, bias)
+    return product_on(loaded(), x, packed, bias)
 
 
 @native_linear_op.register_fake
