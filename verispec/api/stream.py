@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 
 from verispec.api.outputs import RequestOutput, StreamDelta, TokenLogprobs
 from verispec.engine.engine import Engine
@@ -184,12 +183,7 @@ class RequestStream(Iterator[StreamDelta]):
     def __enter__(self) -> RequestStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import TracebackType
 
 import uvicorn
 
@@ -86,10 +85,5 @@ class Server:
     def __enter__(self) -> Server:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
