@@ -69,6 +69,19 @@ class _HeadState:
 
 
 @dataclass(slots=True)
+class _Start:
+    """Where one proposal's drafting starts: the requests, their head states, and the head's
+    output and draft logits at each request's last position."""
+
+    requests: Sequence[Request]
+    states: list[_HeadState]
+    out: torch.Tensor
+    """[n, hidden] the head's output at each request's last position."""
+    logits: torch.Tensor
+    """[n, draft vocab] the head's draft logits there."""
+
+
+@dataclass(slots=True)
 class _Node:
     """A tree candidate: its target token, head input row parent and cumulative log q."""
 
@@ -170,16 +183,15 @@ class EagleProposer:
         """A chain (tree_topk 1) or a tree of up to num_tokens[i] nodes per request."""
         ks = [min(k, self.head.config.max_position_embeddings - r.num_tokens)
               for r, k in zip(requests, num_tokens, strict=True)]  # fmt: skip
-        states = [self._caught_up_state(r) for r in requests]
-        out, logits = self._catch_up(requests, states)  # [n, hidden], [n, draft vocab]
+        start = self._catch_up(requests, [self._caught_up_state(r) for r in requests])
         if self.topk == 1:
-            return self._chain(requests, states, ks, out, logits)
+            return self._chain(start, ks)
         if self.lookup is None:
-            trees = self._trees(requests, states, ks, out, logits)
+            trees = self._trees(start, ks)
         else:  # the head's tree keeps room for the lookup chain, grafted after
             chains = [self.lookup.chain(r, k - 1) for r, k in zip(requests, ks, strict=True)]
             own = [k - len(c) for k, c in zip(ks, chains, strict=True)]
-            trees = self._trees(requests, states, own, out, logits)
+            trees = self._trees(start, own)
             trees = [t.graft(c) for t, c in zip(trees, chains, strict=True)]
         return Drafts(token_ids=[t.token_ids for t in trees], probs=None, trees=trees)
 
@@ -198,11 +210,9 @@ class EagleProposer:
         batch = ForwardBatch.build(chunks, self.block_size, self.head.device)
         return self.head.forward(batch, self.kv, feature)
 
-    def _catch_up(
-        self, requests: Sequence[Request], states: list[_HeadState]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head rows for every position the target computed since last time; returns each
-        request's last row output [n, hidden] and draft logits [n, draft vocab]."""
+    def _catch_up(self, requests: Sequence[Request], states: list[_HeadState]) -> _Start:
+        """Head rows for every position the target computed since last time; drafting starts
+        from each request's last row."""
         chunks, features = [], []
         for r, s in zip(requests, states, strict=True):
             s.table.truncate(s.rows)  # drop the last proposal's draft rows
@@ -218,21 +228,15 @@ class EagleProposer:
         out, logits = self._forward(chunks, self.head.fuse(torch.cat(features)))
         ends = itertools.accumulate(len(c.token_ids) for c in chunks)
         last = torch.tensor([e - 1 for e in ends], device=out.device)  # [n] each chunk's last row
-        return out.index_select(0, last), logits
+        return _Start(requests, states, out.index_select(0, last), logits)
 
-    def _chain(
-        self,
-        requests: Sequence[Request],
-        states: list[_HeadState],
-        ks: list[int],
-        out: torch.Tensor,
-        logits: torch.Tensor,
-    ) -> Drafts:
+    def _chain(self, start: _Start, ks: list[int]) -> Drafts:
         """k tokens per request, one batched head step each."""
+        requests, states = start.requests, start.states
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
         active = [i for i, k in enumerate(ks) if k > 0]
-        out, logits = out[active], logits[active]  # row j belongs to request active[j]
+        out, logits = start.out[active], start.logits[active]  # row j: request active[j]
         while active:
             q, tokens = self._pick([requests[i] for i in active], [drafts[i] for i in active],
                                    logits)  # fmt: skip
@@ -259,15 +263,9 @@ class EagleProposer:
         full[:, self.head.draft_to_target] = logits  # [n, vocab]
         return draw_drafts(full, requests, drafts, self.target.generator)
 
-    def _trees(
-        self,
-        requests: Sequence[Request],
-        states: list[_HeadState],
-        ks: list[int],
-        out: torch.Tensor,
-        logits: torch.Tensor,
-    ) -> list[DraftTree]:
+    def _trees(self, start: _Start, ks: list[int]) -> list[DraftTree]:
         """EAGLE-2's dynamic tree per request, one batched head forward per level."""
+        requests, states, out, logits = start.requests, start.states, start.out, start.logits
         nodes: list[list[_Node]] = [[] for _ in requests]
         fed: list[list[int]] = [[] for _ in requests]  # candidates fed, in head-cache order
         live = [i for i, k in enumerate(ks) if k > 0]
