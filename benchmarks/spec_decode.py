@@ -21,8 +21,8 @@ from typing import Any
 
 from plain_decode import thread_env
 
-from verispec.bench.harness import alpha_from_length, predicted_speedup
 from verispec.bench.report import write_json
+from verispec.bench.verify_cost import alpha_from_length, predicted_speedup
 from verispec.cli.bench import print_settings, run_facts
 from verispec.cli.main import method_takes_draft
 from verispec.drafters.registry import method_names
