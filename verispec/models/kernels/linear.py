@@ -10,10 +10,11 @@ from typing import Literal, cast
 
 import torch
 
-from verispec.models.kernels import build, packing, product
+from verispec.models.kernels import affine, arena, build, packing, product
+from verispec.models.kernels.affine import AffineCodes, dequantize_codes
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable
 from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.packing import AffineCodes, PackedWeight, dequantize_codes
+from verispec.models.kernels.packing import PackedWeight
 from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
@@ -314,7 +315,7 @@ _MOVING = torch.empty(0)
 def pack_together(linears: Sequence[Linear]) -> None:
     """Move the packed weights (PackedWeight.codes) of the native-kernel layers among linears,
     in this order (the order a forward runs them), into one arena per dtype
-    (packing.into_arena); the scales of affine codes go into one more per dtype. Refuses "a8"
+    (arena.into_arena); the scales of affine codes go into one more per dtype. Refuses "a8"
     for a model none of whose weights are 8-bit codes (every product would then ignore it)."""
     native = [lin for lin in linears if lin.kernel == "native"]
     rounded = [lin for lin in linears if lin.quantization in ACTIVATION_QUANTIZATIONS]
@@ -334,7 +335,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
         codes = [packed_of(lin).codes for lin in some]
         for lin in some:  # the list alone holds them, so into_arena frees each once copied
             lin.packed = dataclasses.replace(packed_of(lin), codes=_MOVING)
-        for lin, moved in zip(some, packing.into_arena(codes), strict=True):
+        for lin, moved in zip(some, arena.into_arena(codes), strict=True):
             lin.packed = dataclasses.replace(packed_of(lin), codes=moved)
     for dtype in (torch.float32, torch.float16, torch.uint8):  # d and m: float32, float16 or
         # (formats 12, 13 and 14) their factors as a Q4_K or Q6_K file stores them
@@ -343,7 +344,7 @@ def pack_together(linears: Sequence[Linear]) -> None:
         scales = [cast(torch.Tensor, packed_of(lin).scales) for lin in coded]
         for lin in coded:
             lin.packed = dataclasses.replace(packed_of(lin), scales=_MOVING)
-        for lin, moved in zip(coded, packing.into_arena(scales), strict=True):
+        for lin, moved in zip(coded, arena.into_arena(scales), strict=True):
             lin.packed = dataclasses.replace(packed_of(lin), scales=moved)
 
 
@@ -391,7 +392,7 @@ class Linear:
             # exactly: a GGUF file's codes as stored (or codes found in dequantized values),
             # else float16, else float32. The original weight is not kept.
             if codes is None:
-                codes = packing.affine_codes(weight.detach())
+                codes = affine.affine_codes(weight.detach())
             a8 = quantization in ACTIVATION_QUANTIZATIONS
             if codes is not None and a8 and packing.a8_packable(codes):
                 self.packed = packing.pack_codes_a8(codes)

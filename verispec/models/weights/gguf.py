@@ -18,8 +18,8 @@ from gguf.quants import dequantize
 from tqdm import tqdm
 
 from verispec.models.config import MODEL_TYPES, ModelConfig
+from verispec.models.kernels.affine import AffineCodes
 from verispec.models.kernels.ffi import madvise
-from verispec.models.kernels.packing import AffineCodes
 from verispec.models.weights.gguf_blocks import CODED_TYPES, block_codes, permuted_rows
 
 log = logging.getLogger("verispec")
