@@ -16,7 +16,8 @@ from verispec.bench.floor import (
     read_bandwidth,
 )
 from verispec.models.kernels.affine import AffineCodes, Q6Scales
-from verispec.models.kernels.linear import Linear, fp16_kernel_available, native_usable
+from verispec.models.kernels.backends import fp16_kernel_available, native_usable
+from verispec.models.kernels.linear import Linear
 from verispec.models.weights.loader import load_model
 
 

@@ -21,7 +21,7 @@ from verispec.engine.spec_policy import AdaptiveSpeculation, StepCost
 from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.models.catalog.hub import DEFAULT_MODEL
-from verispec.models.kernels.linear import cpu_model
+from verispec.models.kernels.backends import cpu_model
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 from verispec.sample.rejection import Verdict

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from verispec.models.kernels import affine, arena, build, ffi, packing, product
+from verispec.models.kernels.backends import choose_backend
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.linear import Linear, choose_backend, pack_together
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.kernels.packing import PackedWeight, pack
 from verispec.models.kernels.quantization import round_to_q8_0
 

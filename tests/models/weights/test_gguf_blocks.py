@@ -14,8 +14,9 @@ from gguf.quants import dequantize
 from verispec.models.kernels import affine, build, packing
 from verispec.models.kernels import linear as linear_module
 from verispec.models.kernels.affine import dequantize_codes
+from verispec.models.kernels.backends import native_usable
 from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.linear import Linear, native_usable, pack_codes_by_rows
+from verispec.models.kernels.linear import Linear, pack_codes_by_rows
 from verispec.models.weights import gguf_blocks
 from verispec.models.weights.gguf_blocks import CODED_TYPES, block_codes, regrouped, stacked
 

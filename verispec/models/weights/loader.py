@@ -14,9 +14,10 @@ from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import named_model_path
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.affine import AffineCodes
+from verispec.models.kernels.backends import LinearBackend, choose_backend
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.ffi import release_freed_memory
-from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.kernels.quantization import check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.weights.gguf import (
