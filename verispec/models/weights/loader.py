@@ -43,7 +43,7 @@ def check_tokenizer_files(path: Path) -> None:
     """ValueError naming the missing files when a checkpoint directory has no tokenizer.
 
     Cheap (it only looks at file names), so a missing tokenizer is reported before the weights
-    are read. A GGUF file carries its tokenizer in its metadata; gguf.py checks that.
+    are read. A GGUF file carries its tokenizer in its metadata; gguf_config.py checks that.
     """
     if is_gguf(path):
         return
