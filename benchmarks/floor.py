@@ -31,7 +31,7 @@ from verispec.bench.floor import (
 from verispec.cli.bench import print_settings, run_facts
 from verispec.models.catalog.default import embedded_model_path
 from verispec.models.catalog.hub import pull
-from verispec.models.kernels.linear import BACKENDS
+from verispec.models.kernels.backends import BACKENDS
 from verispec.models.kernels.native_layer import can_step_greedily
 from verispec.models.weights.loader import load_model
 

@@ -21,13 +21,9 @@ import torch
 from verispec.bench.report import write_json
 from verispec.cli.bench import print_settings, run_facts
 from verispec.models.kernels import packing
+from verispec.models.kernels.backends import fp16_kernel_available, onednn_available
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.linear import (
-    Linear,
-    fp16_kernel_available,
-    onednn_available,
-    pack_together,
-)
+from verispec.models.kernels.linear import Linear, pack_together
 
 SHAPES = {  # name: [(out, in)] of one decoder layer's fused products
     "llama-125m": [(2304, 768), (768, 768), (6144, 768), (768, 3072)],

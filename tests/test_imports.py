@@ -159,7 +159,7 @@ MODEL_LAYERS = {
     "kernels": ("verispec.models.kernels",),
     "catalog": ("verispec.models.catalog",),
     "readers": ("verispec.models.weights.gguf", "verispec.models.weights.gguf_blocks",
-                "verispec.models.weights.gguf_cache"),
+                "verispec.models.weights.gguf_cache", "verispec.models.weights.gguf_config"),
     "model": ("verispec.models.llama", "verispec.models.eagle", "verispec.models.medusa",
               "verispec.models.paged"),
     "loader": ("verispec.models.weights.loader",),

@@ -10,8 +10,8 @@ from verispec.drafters.self_draft import check_skip_option
 from verispec.drafters.suffix import SuffixConfig
 from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import DEFAULT_MODEL, NAMED_MODELS
+from verispec.models.kernels.backends import LinearBackend
 from verispec.models.kernels.compiled import check_compile
-from verispec.models.kernels.linear import LinearBackend
 from verispec.models.kernels.quantization import AUTO_DRAFT, check_quantization
 
 MAX_SPECULATIVE_TOKENS = 16

@@ -14,8 +14,8 @@ from verispec.bench.engines import (
     gaps,
     takes_draft,
 )
-from verispec.bench.harness import chain_methods
 from verispec.bench.hf_engine import TransformersEngine, hf_location
+from verispec.bench.plan import chain_methods
 from verispec.drafters.registry import PLAIN
 
 ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])

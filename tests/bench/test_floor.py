@@ -15,8 +15,9 @@ from verispec.bench.floor import (
     linear_bytes,
     read_bandwidth,
 )
-from verispec.models.kernels.linear import Linear, fp16_kernel_available, native_usable
-from verispec.models.kernels.packing import AffineCodes, Q6Scales
+from verispec.models.kernels.affine import AffineCodes, Q6Scales
+from verispec.models.kernels.backends import fp16_kernel_available, native_usable
+from verispec.models.kernels.linear import Linear
 from verispec.models.weights.loader import load_model
 
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from verispec.bench.engines import takes_draft
-from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
+from verispec.bench.plan import BenchConfig, chain_methods, home_workloads, plan_groups
 from verispec.bench.verify_cost import verify_cost_curve
 from verispec.cli.bench import bench_config
 from verispec.cli.main import build_parser, main

@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers.checkpoints import make_checkpoint
 from verispec.bench.engines import MethodSpec, TreeShape, parse_tree_shape
-from verispec.bench.harness import BenchConfig, chain_methods, home_workloads, plan_groups
+from verispec.bench.plan import BenchConfig, chain_methods, home_workloads, plan_groups
 from verispec.bench.report import shape, table
 from verispec.bench.verify_cost import PassTimes, step_cost_ratio, step_predicted_speedup
 from verispec.cli.main import main

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.gguf_files import write_gguf_file
-from verispec.bench import harness
+from verispec.bench import harness, plan, summary
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, VerispecEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing, lookup_stats
 from verispec.cli.main import main
@@ -61,17 +61,17 @@ class FakeLlamaCpp(LlamaCppEngine):
     run = FakeVerispec.run
 
 
-def fake_config(**kwargs: object) -> harness.BenchConfig:
+def fake_config(**kwargs: object) -> plan.BenchConfig:
     options = dict(workloads=("chat",), methods=(PLAIN, "ngram", "draft_model"), ks=(2,),
                    temperatures=(0.0,), prompts=2, max_tokens=4, repeats=1,
                    engines=("verispec", "llamacpp"))  # fmt: skip
-    return harness.BenchConfig(Path("t.gguf"), Path("d"), **{**options, **kwargs})
+    return plan.BenchConfig(Path("t.gguf"), Path("d"), **{**options, **kwargs})
 
 
 def test_llamacpp_rows_are_never_mismatches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(harness.ENGINES, "verispec", FakeVerispec)
-    monkeypatch.setitem(harness.ENGINES, "llamacpp", FakeLlamaCpp)
-    monkeypatch.setitem(harness.OPTIONAL, "llamacpp", lambda: None)
+    monkeypatch.setitem(plan.ENGINES, "verispec", FakeVerispec)
+    monkeypatch.setitem(plan.ENGINES, "llamacpp", FakeLlamaCpp)
+    monkeypatch.setitem(plan.OPTIONAL, "llamacpp", lambda: None)
     messages: list[str] = []
     rows = harness.run_bench(fake_config(), lambda p: [len(p.id)], messages.append)
     by_engine = {(r["engine"], r["method"]): r for r in rows}
@@ -82,19 +82,19 @@ def test_llamacpp_rows_are_never_mismatches(monkeypatch: pytest.MonkeyPatch) -> 
     assert all(r["greedy_mismatches"] == 0 for r in rows if r["engine"] == "verispec")
     assert all(r["greedy_mismatches"] is None for r in rows if r["engine"] == "llamacpp")
     assert any("llamacpp runs no draft-model method" in m for m in messages)
-    notes = harness.comparison_notes(rows)
+    notes = summary.comparison_notes(rows)
     assert len(notes) == 1 and "llamacpp" in notes[0] and "quantized" in notes[0]
 
 
 def test_missing_llama_cpp_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now fails
-    monkeypatch.setitem(harness.ENGINES, "verispec", FakeVerispec)
+    monkeypatch.setitem(plan.ENGINES, "verispec", FakeVerispec)
     assert "pip install 'verispec[llamacpp]'" in (llama_cpp_missing() or "")
     messages: list[str] = []
     rows = harness.run_bench(fake_config(), lambda p: [len(p.id)], messages.append)
     assert rows and {r["engine"] for r in rows} == {"verispec"}
     assert any(m.startswith("note: skipping engine llamacpp") for m in messages)
-    assert harness.comparison_notes(rows) == []
+    assert summary.comparison_notes(rows) == []
 
 
 @pytest.fixture(scope="module")

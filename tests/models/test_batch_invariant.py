@@ -16,8 +16,8 @@ import torch
 
 from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, random_ids
+from verispec.models.kernels.backends import fp16_kernel_available, onednn_available
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.linear import fp16_kernel_available, onednn_available
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.loader import load_model
 

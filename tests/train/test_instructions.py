@@ -15,7 +15,13 @@ import pytest
 
 import verispec
 from verispec.api.chat import chat_prompt
-from verispec.train.instructions import chat_instructions, chat_prompt_ids
+from verispec.train.instructions import (
+    FAMILIES,
+    all_instructions,
+    chat_instructions,
+    chat_prompt_ids,
+    topics,
+)
 
 BENCH_CHAT = Path(verispec.__file__).parent / "bench" / "prompts" / "chat.jsonl"
 TEMPLATE = (
@@ -67,6 +73,31 @@ def test_same_list_in_a_fresh_interpreter() -> None:
                          check=True)  # fmt: skip
     here = "\x00".join(chat_instructions("train") + chat_instructions("heldout"))
     assert out.stdout.strip() == hashlib.sha256(here.encode()).hexdigest()
+
+
+TOPIC_SIZES = {
+    "concepts": 66, "terms": 50, "lists": 50, "compare": 40, "stories": 30, "poems": 30,
+    "emails": 30, "how_to": 50, "functions": 50, "snippets": 15, "bugs": 12, "advice": 40,
+    "facts": 70, "paragraphs": 22,
+}  # fmt: skip
+"""The size of each topic list when it moved from code (train/instruction_data.py) to data."""
+
+
+def test_the_topics_file_loads_well_formed() -> None:
+    """Every family's fills are in the shipped file: texts, or tuples of as many texts as the
+    templates have slots; the same sizes, ends and instructions as when they were code."""
+    data = topics()
+    assert {name: len(fills) for name, fills in data.items()} == TOPIC_SIZES
+    for templates, name, _ in FAMILIES:
+        slots = templates[0].count("{}")
+        for item in data[name]:
+            parts = item if isinstance(item, tuple) else (item,)
+            assert len(parts) == slots and all(isinstance(p, str) and p.strip() for p in parts)
+    assert data["concepts"][0] == "inflation"
+    assert data["facts"][-1] == "How tall is the Eiffel Tower?"
+    assert data["lists"][0] == ("three", "ways to reduce stress")
+    assert data["compare"][-1] == ("a spreadsheet", "a database")
+    assert len(all_instructions()) == 2154
 
 
 def test_unknown_split_lists_the_allowed_ones() -> None:

@@ -17,7 +17,8 @@ from typing import cast
 import torch
 
 from verispec.bench.verify_cost import step_ms, verify_cost_curve
-from verispec.models.kernels.linear import Linear, exactly_fp16
+from verispec.models.kernels.backends import exactly_fp16
+from verispec.models.kernels.linear import Linear
 from verispec.models.kernels.native_layer import greedy_steps
 from verispec.models.kernels.packing import PackedWeight
 from verispec.models.llama import LlamaModel

@@ -21,7 +21,7 @@ import torch
 
 from verispec.bench.engines import BatchRun
 from verispec.models.config import ModelConfig
-from verispec.models.kernels.linear import choose_backend
+from verispec.models.kernels.backends import choose_backend
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import build_model, load_model

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape, takes_draft
-from verispec.bench.harness import BenchConfig, chain_methods, comparison_notes, run_bench
+from verispec.bench.harness import run_bench
 from verispec.bench.hf_engine import hf_location
+from verispec.bench.plan import BenchConfig, chain_methods
 from verispec.bench.report import table, verify_table, write_json, write_plots
+from verispec.bench.summary import comparison_notes
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
 from verispec.drafters.registry import PLAIN
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from verispec.bench.harness import ENGINES
+from verispec.bench.plan import ENGINES
 from verispec.cli.options import acceptance_line, add_model_options, load_llm, sampling_params
 from verispec.cli.verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model

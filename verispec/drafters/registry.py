@@ -14,7 +14,7 @@ from verispec.drafters.proposer import Proposer, TargetInfo
 from verispec.drafters.self_draft import make_self_proposer
 from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import load_eagle_head
-from verispec.models.kernels.linear import choose_backend
+from verispec.models.kernels.backends import choose_backend
 from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verispec.models.kernels.backends import cpu_model
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.linear import cpu_model
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.paths import cache_dir, read_cache_json, write_cache_json
 from verispec.spec.cost import StepCost

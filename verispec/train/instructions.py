@@ -7,71 +7,64 @@ target's own chat distribution. None repeats a prompt of the benchmark's chat wo
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any
 
 from verispec.api.chat import chat_prompt
-from verispec.train.instruction_data import (
-    ADVICE,
-    BUGS,
-    COMPARE,
-    CONCEPTS,
-    EMAILS,
-    FACTS,
-    FUNCTIONS,
-    HOW_TO,
-    LISTS,
-    PARAGRAPHS,
-    POEMS,
-    SNIPPETS,
-    STORIES,
-    TERMS,
-)
 
 SPLITS = ("train", "heldout")
 NUM_HELDOUT = 64
 
-Family = tuple[tuple[str, ...], Sequence[str | tuple[str, ...]], int]
-"""(templates with {} slots, the fills, templates used per fill)."""
+Fill = str | tuple[str, ...]
+"""What fills a template's {} slots: one text, or a tuple of texts for several slots."""
+Family = tuple[tuple[str, ...], str, int]
+"""(templates with {} slots, the name of their fills in topics(), templates used per fill)."""
+TOPICS_FILE = "data/instructions.json"
+"""The topics, texts and code the instructions are built from (in verispec.train), all written
+for this project. Invented names and subjects of the benchmark's chat workload are deliberately
+absent, so that workload stays a clean held-out evaluation."""
 
 FAMILIES: tuple[Family, ...] = (
     (("Explain {} in simple terms.", "What is {}, and why does it matter?",
       "Give me a short explanation of {}.", "I've never really understood {}. Can you explain it "
-      "with an everyday example?", "Explain {} as if I were a complete beginner."), CONCEPTS, 4),
+      "with an everyday example?", "Explain {} as if I were a complete beginner."), "concepts", 4),
     (("What does '{}' mean?", "Define '{}' and use it in a sentence.",
-      "What is the meaning of the word {}? Give an example."), TERMS, 2),
-    (("List {} {}.", "Give me {} {}.", "What are {} {}?"), LISTS, 3),
+      "What is the meaning of the word {}? Give an example."), "terms", 2),
+    (("List {} {}.", "Give me {} {}.", "What are {} {}?"), "lists", 3),
     (("What is the difference between {} and {}?", "Compare {} and {} in a short table.",
-      "What are the pros and cons of {} versus {}?"), COMPARE, 2),
+      "What are the pros and cons of {} versus {}?"), "compare", 2),
     (("Write a short story about {}.", "Tell me a bedtime story about {}.",
       "Write a story of about 100 words about {}.",
-      "Write the opening paragraph of a novel about {}."), STORIES, 2),
+      "Write the opening paragraph of a novel about {}."), "stories", 2),
     (("Write a poem about {}.", "Write a haiku about {}.", "Write a limerick about {}.",
-      "Write a short rhyming poem about {}."), POEMS, 2),
+      "Write a short rhyming poem about {}."), "poems", 2),
     (("Write an email {}.", "Help me write a short, polite email {}.",
-      "Draft a friendly message {}."), EMAILS, 2),
+      "Draft a friendly message {}."), "emails", 2),
     (("How do I {}?", "What's the best way to {}?",
       "Can you give me step-by-step instructions to {}?", "I want to {}. Where do I start?"),
-     HOW_TO, 3),
+     "how_to", 3),
     (("Write a Python function that {}.", "How would I write a function in Python that {}?",
       "Can you write me a Python function that {}? Please include a docstring.",
       "I need a python function which {}. Add a couple of example calls.",
-      "Write a Python function that {}, and explain how it works."), FUNCTIONS, 3),
+      "Write a Python function that {}, and explain how it works."), "functions", 3),
     (("What does this Python code do?\n\n```python\n{}\n```",
       "Explain this code line by line:\n\n{}",
-      "Can you walk me through what happens when this runs?\n\n{}"), SNIPPETS, 2),
+      "Can you walk me through what happens when this runs?\n\n{}"), "snippets", 2),
     (("This function should {}, but it doesn't work. What's wrong?\n\n```python\n{}\n```",
-      "Fix the bug in this Python code. It is supposed to {}.\n\n{}"), BUGS, 2),
+      "Fix the bug in this Python code. It is supposed to {}.\n\n{}"), "bugs", 2),
     (("{}. Any advice?", "{}. What should I do?", "Can you give me some tips? {}.",
-      "I need some advice. {}. How should I handle it?"), ADVICE, 3),
-    (("{}", "{} Answer in one sentence.", "{} Please explain briefly."), FACTS, 2),
+      "I need some advice. {}. How should I handle it?"), "advice", 3),
+    (("{}", "{} Answer in one sentence.", "{} Please explain briefly."), "facts", 2),
     (("Summarise the following paragraph in one sentence.\n\n{}",
       "Can you give me a short summary of this?\n\n{}", "TL;DR this for me:\n\n{}",
       "What is the main point of this paragraph?\n\n{}",
       "Summarise this in three bullet points:\n\n{}",
       "{}\n\nSummarise the text above in under 30 words.",
       "Write a one-line headline for this text.\n\n{}",
-      "Pull out the key facts from this paragraph as a short list.\n\n{}"), PARAGRAPHS, 8),
+      "Pull out the key facts from this paragraph as a short list.\n\n{}"), "paragraphs", 8),
     (("Rewrite this paragraph in a more formal tone.\n\n{}",
       "Make this text more casual and friendly:\n\n{}",
       "Rewrite the following so that a young reader can follow it.\n\n{}",
@@ -81,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
       "Improve the flow of this paragraph and fix any awkward sentences:\n\n{}",
       "Turn this paragraph into a short dialogue between two people.\n\n{}",
       "Write three questions a teacher could ask to check that a student understood this text."
-      "\n\n{}", "{}\n\nRewrite the text above in the first person."), PARAGRAPHS, 11),
+      "\n\n{}", "{}\n\nRewrite the text above in the first person."), "paragraphs", 11),
 )  # fmt: skip
 
 SUFFIXES = (" Keep it brief.", " Please be concise.", " Use simple words.", " Thanks!",
@@ -105,16 +98,25 @@ def chat_instructions(split: str) -> list[str]:
 def all_instructions() -> list[str]:
     """Every instruction once, in a fixed order: the template families, proofreading, maths
     and reasoning, each short one possibly given a casual prefix or suffix (see styled)."""
-    raw = [text for family in FAMILIES for text in fill(*family)]
-    raw += [f"Correct the spelling mistakes in this paragraph:\n\n{with_typos(p)}"
-            for p in PARAGRAPHS]  # fmt: skip
+    data = topics()
+    raw = [text for templates, name, per_fill in FAMILIES
+           for text in fill(templates, data[name], per_fill)]  # fmt: skip
+    raw += [f"Correct the spelling mistakes in this paragraph:\n\n{with_typos(str(p))}"
+            for p in data["paragraphs"]]  # fmt: skip
     raw += [make(i) for make in MATH + REASONING for i in range(15)]
     return list(dict.fromkeys(styled(text, i) for i, text in enumerate(raw)))
 
 
-def fill(
-    templates: Sequence[str], fills: Sequence[str | tuple[str, ...]], per_fill: int
-) -> list[str]:
+@functools.cache
+def topics() -> dict[str, tuple[Fill, ...]]:
+    """The fills of each family by name, read from TOPICS_FILE (a pair or a (count, subject)
+    there is a list, here a tuple); read once, the tuples are never changed."""
+    text = resources.files("verispec.train").joinpath(TOPICS_FILE).read_text(encoding="utf-8")
+    return {name: tuple(tuple(x) if isinstance(x, list) else x for x in fills)
+            for name, fills in json.loads(text).items()}  # fmt: skip
+
+
+def fill(templates: Sequence[str], fills: Sequence[Fill], per_fill: int) -> list[str]:
     """Each fill in per_fill templates, rotating so that neighbouring fills start elsewhere.
 
     >>> fill(("A {}.", "B {}."), ["x", "y"], 1)

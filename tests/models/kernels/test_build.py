@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from verispec.models.kernels import build, ffi
+from verispec.models.kernels.backends import choose_backend, kernel_for
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
-from verispec.models.kernels.linear import choose_backend, kernel_for
 from verispec.models.weights.gguf_blocks import CODED_TYPES
 
 CPU = torch.device("cpu")

@@ -6,12 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec.models.kernels import build
-from verispec.models.kernels import linear as linear_module
-from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
-from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.linear import (
-    Linear,
+from verispec.models.kernels import backends, build
+from verispec.models.kernels.backends import (
     choose_backend,
     exactly_fp16,
     faster_float32_kernel,
@@ -20,6 +16,9 @@ from verispec.models.kernels.linear import (
     kernel_for,
     onednn_available,
 )
+from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
+from verispec.models.kernels.ffi import WeightFormat
+from verispec.models.kernels.linear import Linear
 
 CPU = torch.device("cpu")
 needs_fp16 = pytest.mark.skipif(not fp16_kernel_available(), reason="this build has no FBGEMM")
@@ -93,7 +92,7 @@ def test_the_float32_fallback_is_measured_once_and_cached(
         calls.append(1)
         return {"torch": 3.0, "onednn": 1.0}
 
-    monkeypatch.setattr(linear_module, "_time_float32_kernels", timings)
+    monkeypatch.setattr(backends, "_time_float32_kernels", timings)
     for _ in range(2):
         float32_fallback.cache_clear()
         assert float32_fallback() == "onednn"

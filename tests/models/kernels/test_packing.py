@@ -13,9 +13,10 @@ import torch
 
 from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, assert_runs_match
-from verispec.models.kernels import build, ffi, packing, product
+from verispec.models.kernels import affine, arena, build, ffi, packing, product
+from verispec.models.kernels.backends import choose_backend
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.linear import Linear, choose_backend, pack_together
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.kernels.native_layer import NativeStack
 from verispec.models.kernels.packing import PackedWeight, pack
 from verispec.models.kernels.quantization import round_to_q8_0
@@ -102,9 +103,9 @@ def test_it_needs_float32_on_the_cpu() -> None:
 
 def test_the_arena_keeps_values_and_order_on_aligned_huge_pages() -> None:
     packed = [pack(torch.randn(n, 40), torch.float16).codes for n in (20, 7, 33)]
-    moved = packing.into_arena(packed)
+    moved = arena.into_arena(packed)
     assert all(torch.equal(a, b) for a, b in zip(moved, packed, strict=True))
-    assert moved[0].data_ptr() % packing.HUGE_PAGE == 0
+    assert moved[0].data_ptr() % arena.HUGE_PAGE == 0
     for before, after in itertools.pairwise(moved):  # consecutive, in the order given
         assert after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
 
@@ -153,21 +154,21 @@ def gguf_like(rows: int, chunks: int, seed: int) -> torch.Tensor:
 def test_affine_codes_worked_examples() -> None:
     q8 = torch.zeros(1, 32)
     q8[0, :3] = torch.tensor([15.875, -0.25, 0.0])
-    codes = packing.affine_codes(q8)
+    codes = affine.affine_codes(q8)
     assert codes is not None and codes.codes[0, :3].tolist() == [127, -2, 0]
     assert codes.d.item() == 0.125 and codes.m.item() == 0.0
     q41 = torch.full((1, 32), -1.0)
     q41[0, :3] = torch.tensor([-1.0, 2.75, 0.0])
-    codes = packing.affine_codes(q41)
+    codes = affine.affine_codes(q41)
     assert codes is not None and codes.codes[0, :3].tolist() == [0, 15, 4]
     assert (codes.d.item(), codes.m.item()) == (0.25, -1.0)
-    assert packing.affine_codes(torch.randn(4, 64)) is None  # plain float weights
-    assert packing.affine_codes(gguf_like(4, 2, 0)[:, :40]) is None  # rows of 40
+    assert affine.affine_codes(torch.randn(4, 64)) is None  # plain float weights
+    assert affine.affine_codes(gguf_like(4, 2, 0)[:, :40]) is None  # rows of 40
 
 
 def test_affine_codes_rebuild_every_value_exactly() -> None:
     w = gguf_like(20, 3, 1)
-    codes = packing.affine_codes(w)
+    codes = affine.affine_codes(w)
     assert codes is not None
     rebuilt = codes.d.repeat_interleave(32, 1) * codes.codes.float() + codes.m.repeat_interleave(
         32, 1
@@ -203,13 +204,13 @@ def test_4_bit_codes_layout() -> None:
     codes = torch.zeros(6, 32, dtype=torch.int8)
     codes[5, 0], codes[5, 16] = 1, 2
     ones = torch.ones(6, 1)
-    p = packing.pack_codes(packing.AffineCodes(codes, ones, 0 * ones))
+    p = packing.pack_codes(affine.AffineCodes(codes, ones, 0 * ones))
     packed = p.codes
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.int8
     assert packed[0, 0, 1, 0, 1] == 0x21 and int(packed.sum()) == 0x21
     assert p.format == F.Q4_F16_DM
     w = gguf_like(37, 3, 5)
-    codes_of = packing.affine_codes(w)
+    codes_of = affine.affine_codes(w)
     assert codes_of is not None
     p = packing.pack_codes(codes_of)
     assert (p.format, p.out_features, p.in_features, p.columns) == (F.Q4_F16_DM, 37, 96, 96)
@@ -236,7 +237,7 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     instruction set and for every row count."""
     g = torch.Generator().manual_seed(8)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
-    codes = packing.affine_codes(w)
+    codes = affine.affine_codes(w)
     assert codes is not None
     packed = packing.pack_codes(codes)
     fmt, rows_of_scales = (F.Q4_F16_DM, 2) if form == "q4_1" else (F.Q8_F16_D, 1)
@@ -271,7 +272,7 @@ def test_a8_codes_layout_worked_example() -> None:
     w = torch.zeros(2, 32)
     w[1, 5] = 15.875  # Q8_0 block: d = 0.125, code 127
     w[1, 6] = -0.25  # code -2
-    codes = packing.affine_codes(w)
+    codes = affine.affine_codes(w)
     assert codes is not None
     p = packing.pack_codes_a8(codes)
     packed, scales = p.codes, p.scales
@@ -289,7 +290,7 @@ def test_a8_4_bit_codes_layout_worked_example() -> None:
     codes = torch.zeros(2, 32, dtype=torch.int8)
     codes[1, 5], codes[1, 21] = 3, 15  # columns 4 * 1 + 1 and 16 + 4 * 1 + 1
     ones = torch.ones(2, 1)
-    p = packing.pack_codes_a8(packing.AffineCodes(codes, ones, 0 * ones))
+    p = packing.pack_codes_a8(affine.AffineCodes(codes, ones, 0 * ones))
     packed = p.codes
     assert packed.shape == (1, 1, 4, 16, 4) and packed.dtype == torch.uint8
     assert packed[0, 0, 1, 1, 1] == 0xF3 and int(packed.sum()) == 0xF3
@@ -302,7 +303,7 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
     """Kind 6 (two codes a byte, sums from 0) and kind 3 (codes + 128 a byte, sums from -128
     times the sum of x's codes) give the same integers, so the same bits, on every kernel."""
     w = gguf_like(out, 3, 9)
-    codes = packing.affine_codes(w)
+    codes = affine.affine_codes(w)
     assert codes is not None
     nibbles = packing.pack_codes_a8(codes)
     assert nibbles.format == F.Q4_A8
@@ -327,7 +328,7 @@ def test_a8_products_round_each_row_on_its_own(form: str, fmt: ffi.WeightFormat,
     the same on every instruction set (integer sums) and for a row alone or among others.
     K-quant codes (float32 d and m, kinds 10 and 11) included."""
     g = torch.Generator().manual_seed(5)
-    weight: torch.Tensor | packing.AffineCodes
+    weight: torch.Tensor | affine.AffineCodes
     if form in ("q4_k", "q5_k"):
         weight = k_quant_codes(out, 3, 6, form)
         w = materialized(weight)
@@ -367,7 +368,7 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
     same d and m stored either way give the same bits on every kernel and row count."""
     g = torch.Generator().manual_seed(out)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
-    codes = packing.affine_codes(w)
+    codes = affine.affine_codes(w)
     assert codes is not None
     half = packing.pack_codes_a8(codes)
     assert half.format == (F.Q4_A8 if form == "q4_1" else F.Q8_A8) and half.scales is not None
@@ -395,7 +396,7 @@ def test_a8_needs_weights_stored_as_codes() -> None:
     assert coded.packed.codes.dtype == torch.uint8
 
 
-def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> packing.AffineCodes:
+def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> affine.AffineCodes:
     """GGUF K-quant-style codes, whose d and m are products of float16 values and 6- or 8-bit
     scales (so mostly not float16 values): "q4_k" per 32 columns d = d16 * sc, m = -dmin16 * mn,
     q in 0..15; "q5_k" the same with q in 0..31; "q6_k" per 16 columns d = d16 * sc (sc signed
@@ -410,17 +411,17 @@ def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> packing.Affin
         m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
         top = 16 if form == "q4_k" else 32
         q = torch.randint(0, top, (rows, chunks * 32), generator=g, dtype=torch.int8)
-        return packing.AffineCodes(q, d, m)
+        return affine.AffineCodes(q, d, m)
     d = d16 * torch.randint(-128, 128, shape, generator=g)
     q = torch.randint(-32, 32, (rows, chunks * 32), generator=g, dtype=torch.int8)
     m = torch.zeros(shape)
     if form == "mixed":
         m = -(d16 * 3).half().float() * torch.randint(0, 64, shape, generator=g)
         m[: rows // 2] = 0  # the first rows Q6_K-like, the others Q4_K-like
-    return packing.AffineCodes(q, d, m, group=group)
+    return affine.AffineCodes(q, d, m, group=group)
 
 
-def materialized(codes: packing.AffineCodes) -> torch.Tensor:
+def materialized(codes: affine.AffineCodes) -> torch.Tensor:
     """W = d * q + m in float32, as the dequantizer computes it."""
     d = codes.d.repeat_interleave(codes.group, 1)
     m = codes.m.repeat_interleave(codes.group, 1)
@@ -527,9 +528,9 @@ def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
     else:
         d = torch.rand(45, 4, generator=g) * 0.01 + 1e-3  # float32 d, m = 0
         q = torch.randint(-127, 128, (45, 128), generator=g, dtype=torch.int8)
-        codes = packing.AffineCodes(q, d, torch.zeros(45, 4))
+        codes = affine.AffineCodes(q, d, torch.zeros(45, 4))
     bytes_each, full = packing._codes_and_scales(codes)
-    halves = packing.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
+    halves = affine.AffineCodes(codes.codes, codes.d.repeat_interleave(2, 1),
                                  codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
     packed = packing.pack_codes(halves)
     assert packed.format == (F.Q8_F32_DM_HALVES if form == "q4_k" else F.Q8_F32_D_HALVES)
@@ -537,7 +538,7 @@ def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
     assert_products(packed, twin, materialized(codes), exact=True)
 
 
-def k_quantized(w: torch.Tensor, form: str) -> packing.AffineCodes:
+def k_quantized(w: torch.Tensor, form: str) -> affine.AffineCodes:
     """w's values rounded to K-quant-style codes with float32 d and m: "q4_k" per 32 columns
     m = min, d = (max - min) / 15 (kind 7); "q6_k" per 16 columns d = max |w| / 31, m = 0
     (kind 9); "mixed" per 16 columns as q4_k's (kind 8)."""
@@ -552,7 +553,7 @@ def k_quantized(w: torch.Tensor, form: str) -> packing.AffineCodes:
         d = (chunks.amax(-1, keepdim=True) - m) / 15
         lo, hi = 0, 15
     q = torch.round((chunks - m) / d).clamp(lo, hi).to(torch.int8).view_as(w)
-    return packing.AffineCodes(q, d[..., 0], m[..., 0], group=group)
+    return affine.AffineCodes(q, d[..., 0], m[..., 0], group=group)
 
 
 def unpacked(lin: Linear) -> torch.Tensor:
@@ -584,7 +585,7 @@ def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
     assert_runs_match(runners[0], runners[1], 1e-5)
 
 
-def q4_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
+def q4_k_super_codes(rows: int, supers: int, seed: int) -> affine.AffineCodes:
     """Q4_K-style codes with their SuperScales: d = d16 * sc, m = negmin * mn per 32 columns
     (sc, mn 6-bit; d16, negmin float16 per 256 columns), q in 0..15."""
     g = torch.Generator().manual_seed(seed)
@@ -596,8 +597,8 @@ def q4_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
     d = d16.float().repeat_interleave(8, 1) * sub_d.float()
     m = negmin.float().repeat_interleave(8, 1) * sub_m.float()
     q = torch.randint(0, 16, (rows, supers * 256), generator=g, dtype=torch.int8)
-    factors = packing.SuperScales(d16, negmin, sub_d, sub_m)
-    return packing.AffineCodes(q, d, m, super_scales=factors)
+    factors = affine.SuperScales(d16, negmin, sub_d, sub_m)
+    return affine.AffineCodes(q, d, m, super_scales=factors)
 
 
 def test_super_scales_layout_worked_example() -> None:
@@ -624,7 +625,7 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
     """Kinds 12 and 13 widen their stored factors into kind 7's and 10's float32 d and m, so
     they give those kinds' products bit for bit, on every kernel and row count."""
     codes = q4_k_super_codes(out, 2, out)
-    plain = packing.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
+    plain = affine.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
     for packer, formats in ((packing.pack_codes, (F.Q4_SUPER_DM, F.Q4_F32_DM)),
                             (packing.pack_codes_a8, (F.Q4_SUPER_A8, F.Q4_F32_A8))):  # fmt: skip
         stored, wide = packer(codes), packer(plain)
@@ -639,7 +640,7 @@ def test_super_scales_give_the_float32_scales_products(out: int) -> None:
                 assert torch.equal(got, want), (formats, kernel.isa_name, rows)
 
 
-def q6_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
+def q6_k_super_codes(rows: int, supers: int, seed: int) -> affine.AffineCodes:
     """Q6_K-style codes with their Q6Scales: d = d16 * sc per 16 columns (sc int8, d16 float16
     per 256 columns, among them a subnormal, a huge one and -0.0), m = +0, q in -32..31."""
     g = torch.Generator().manual_seed(seed)
@@ -650,8 +651,8 @@ def q6_k_super_codes(rows: int, supers: int, seed: int) -> packing.AffineCodes:
     sc = torch.randint(-128, 128, (rows, supers * 16), generator=g, dtype=torch.int8)
     d = d16.float().repeat_interleave(16, 1) * sc.float()
     q = torch.randint(-32, 32, (rows, supers * 256), generator=g, dtype=torch.int8)
-    factors = packing.Q6Scales(d16, sc)
-    return packing.AffineCodes(q, d, torch.zeros_like(d), group=16, super_scales=factors)
+    factors = affine.Q6Scales(d16, sc)
+    return affine.AffineCodes(q, d, torch.zeros_like(d), group=16, super_scales=factors)
 
 
 def test_q6_super_layout_worked_example() -> None:
@@ -671,7 +672,7 @@ def test_q6_super_layout_worked_example() -> None:
     # p = 32 * 9 + 30 = 318: vector k = 4 (low nibbles of bytes 128 ..), field 0 of plane 1
     assert b[1, 3, 128 + 62] & 15 == 15 and b[1, 3, 256 + 64 + 62] & 3 == 1
     f = codes.super_scales
-    assert isinstance(f, packing.Q6Scales)
+    assert isinstance(f, affine.Q6Scales)
     assert scales[1, 1, 2:4].view(torch.float16) == f.d16[17, 1]  # block 1, row 1
     assert scales[1, 1, 32 + 16 * 1 + 1].view(torch.int8) == f.sc[17, 17]  # columns 272 .. 287
     assert scales[2, :, 32 + 5].tolist() == [0, 0]  # row 37 (block 2, row 5): padding, as
@@ -687,7 +688,7 @@ def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
     """Kind 14 unpacks its codes and widens its factors into kind 9's codes and float32 d, so it
     gives kind 9's products bit for bit, on every kernel, row count, with and without bias."""
     codes = q6_k_super_codes(out, supers, out)
-    plain = packing.AffineCodes(codes.codes, codes.d, codes.m, group=16)  # no factors
+    plain = affine.AffineCodes(codes.codes, codes.d, codes.m, group=16)  # no factors
     stored, wide = packing.pack_codes(codes), packing.pack_codes(plain)
     assert (stored.format, wide.format) == (F.Q6_SUPER_D, F.Q8_F32_D_HALVES)
     assert_products(stored, wide, materialized(codes), exact=True)
@@ -702,15 +703,15 @@ def test_q6_super_needs_its_factors_and_zero_m() -> None:
     kind 9 or 8, and a8 refuses them (d per 16 columns)."""
     codes = q6_k_super_codes(20, 1, 1)
     assert packing.q6_packable(codes)
-    with_m = packing.AffineCodes(codes.codes, codes.d, codes.m.clone(), 16,
+    with_m = affine.AffineCodes(codes.codes, codes.d, codes.m.clone(), 16,
                                        codes.super_scales)  # fmt: skip
     with_m.m[3, 4] = -0.0
     assert not packing.q6_packable(with_m)
     assert packing.pack_codes(with_m).format == F.Q8_F32_DM_HALVES
     f = codes.super_scales
-    assert isinstance(f, packing.Q6Scales)
-    short = packing.Q6Scales(f.d16, f.sc[:, :8])  # 128 columns: no whole Q6_K block
-    half = packing.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
+    assert isinstance(f, affine.Q6Scales)
+    short = affine.Q6Scales(f.d16, f.sc[:, :8])  # 128 columns: no whole Q6_K block
+    half = affine.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
                                      short)  # fmt: skip
     assert packing.pack_codes(half).format == F.Q8_F32_D_HALVES
     assert not packing.a8_packable(codes)
@@ -737,10 +738,10 @@ def test_each_packer_names_the_format_of_its_layout() -> None:
     F32 or F16, each GGUF form's codes under pack_codes and pack_codes_a8, Q4_K and Q6_K codes
     with their factors as stored; together they are every format, each once."""
     g = torch.Generator().manual_seed(12)
-    q4_1 = packing.affine_codes(gguf_like(37, 3, 13))
-    q8_0 = packing.affine_codes(round_to_q8_0(torch.randn(37, 96, generator=g)))
+    q4_1 = affine.affine_codes(gguf_like(37, 3, 13))
+    q8_0 = affine.affine_codes(round_to_q8_0(torch.randn(37, 96, generator=g)))
     assert q4_1 is not None and q8_0 is not None
-    q5_1 = packing.AffineCodes(torch.randint(0, 32, (37, 96), generator=g, dtype=torch.int8),
+    q5_1 = affine.AffineCodes(torch.randint(0, 32, (37, 96), generator=g, dtype=torch.int8),
                                torch.full((37, 3), 0.25), torch.full((37, 3), -0.5))  # fmt: skip
     q4_k, q5_k = k_quant_codes(37, 3, 14, "q4_k"), k_quant_codes(37, 3, 14, "q5_k")
     q4_k_super, q6_k_super = q4_k_super_codes(37, 1, 15), q6_k_super_codes(37, 1, 15)

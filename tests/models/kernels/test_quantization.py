@@ -15,10 +15,10 @@ from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM
 from verispec.models.kernels import build
+from verispec.models.kernels.affine import affine_codes
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear
-from verispec.models.kernels.packing import affine_codes
 from verispec.models.kernels.quantization import (
     check_quantization,
     draft_quantization,

@@ -18,8 +18,8 @@ from tests.helpers.checkpoints import CORPUS, make_checkpoint
 from tests.helpers.gguf_files import CHATML, llama_cpp_permute
 from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM, SamplingParams
+from verispec.models.kernels.backends import native_usable
 from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.linear import native_usable
 from verispec.models.llama import LlamaModel
 from verispec.models.weights.gguf import BlockEmbedding, hf_tensor_name, unpermute_rotary_rows
 from verispec.models.weights.loader import load_model, resolve_model_path

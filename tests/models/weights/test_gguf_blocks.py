@@ -11,11 +11,12 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GGML
 from gguf.quants import dequantize
 
-from verispec.models.kernels import build, packing
+from verispec.models.kernels import affine, build, packing
 from verispec.models.kernels import linear as linear_module
+from verispec.models.kernels.affine import dequantize_codes
+from verispec.models.kernels.backends import native_usable
 from verispec.models.kernels.ffi import WeightFormat
-from verispec.models.kernels.linear import Linear, native_usable, pack_codes_by_rows
-from verispec.models.kernels.packing import dequantize_codes
+from verispec.models.kernels.linear import Linear, pack_codes_by_rows
 from verispec.models.weights import gguf_blocks
 from verispec.models.weights.gguf_blocks import CODED_TYPES, block_codes, regrouped, stacked
 
@@ -184,11 +185,11 @@ def test_q6_k_factors_multiply_out_to_d() -> None:
     data = random_blocks(GGML.Q6_K, ROWS, COLUMNS, seed=5)
     codes = block_codes(data, GGML.Q6_K, ROWS, COLUMNS)
     f = codes.super_scales
-    assert isinstance(f, packing.Q6Scales) and f.d16.shape == (ROWS, COLUMNS // 256)
+    assert isinstance(f, affine.Q6Scales) and f.d16.shape == (ROWS, COLUMNS // 256)
     for c in (codes, stacked([codes, codes]),
               gguf_blocks.permuted_rows(codes, torch.randperm(ROWS))):  # fmt: skip
         f = c.super_scales
-        assert isinstance(f, packing.Q6Scales)
+        assert isinstance(f, affine.Q6Scales)
         d = f.d16.float().repeat_interleave(16, 1) * f.sc.float()
         assert torch.equal(d.view(torch.int32), c.d.view(torch.int32))
         assert pack_codes_by_rows(c).format == WeightFormat.Q6_SUPER_D

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.checkpoints import CORPUS
 from tests.helpers.gguf_files import _add_tokenizer
-from verispec.models.kernels.linear import native_usable
+from verispec.models.kernels.backends import native_usable
 from verispec.train.tokenizer import train_bpe_tokenizer
 
 HIDDEN, FFN, LAYERS, VOCAB = 1024, 4096, 16, 320

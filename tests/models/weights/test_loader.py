@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.harness import Runner, native_model, random_ids
-from verispec.models.kernels.linear import choose_backend
+from verispec.models.kernels.backends import choose_backend
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 
 CPU = torch.device("cpu")

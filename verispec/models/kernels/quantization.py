@@ -87,11 +87,11 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
     """Each 32-value block of a row rounded as GGUF's Q8_0 stores it: d * q with d = max |w| /
     127 rounded to float16 and q = round(w / d) in [-127, 127] (kept in weight's dtype).
 
-    The native kernel then streams the rounded weight as 8-bit codes, 1.25 bytes a value
-    (packing.affine_codes recognises the form); other kernels compute with the rounded
-    float values. Example: a block [0.5, -1.0, 0.25, 0, ...] -> d = fp16(1 / 127) =
-    0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d = 63.5047 rounds to 64), values
-    [0.50390625, -0.99993896484375, 0.251953125, 0, ...].
+    The native kernel then streams the rounded weight as 8-bit codes with float16 d, 1.0625
+    bytes a value (affine.affine_codes recognises the form, packing.pack_codes stores it as
+    kind 5); other kernels compute with the rounded float values. Example: a block [0.5, -1.0,
+    0.25, 0, ...] -> d = fp16(1 / 127) = 0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d =
+    63.5047 rounds to 64), values [0.50390625, -0.99993896484375, 0.251953125, 0, ...].
     """
     n, k = weight.shape
     padded = -(-k // Q8_0_COLUMNS) * Q8_0_COLUMNS

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
+from verispec.models.kernels.affine import AffineCodes, Q6Scales, SuperScales, dequantize_codes
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.kernels.packing import AffineCodes, Q6Scales, SuperScales, dequantize_codes
 
 QK = 32
 """Values per block of the legacy types (Q4_0 .. Q8_0) and per sub-block of Q4_K and Q5_K."""

@@ -27,7 +27,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verispec.models.weights.gguf import describe, gguf_config_json, open_gguf
+from verispec.models.weights.gguf import describe
+from verispec.models.weights.gguf_config import gguf_config_json, open_gguf
 from verispec.paths import cache_dir
 
 log = logging.getLogger("verispec")

@@ -13,10 +13,11 @@ from tqdm import tqdm
 from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import named_model_path
 from verispec.models.config import ModelConfig
+from verispec.models.kernels.affine import AffineCodes
+from verispec.models.kernels.backends import LinearBackend, choose_backend
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.ffi import release_freed_memory
-from verispec.models.kernels.linear import Linear, LinearBackend, choose_backend, pack_together
-from verispec.models.kernels.packing import AffineCodes
+from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.kernels.quantization import check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.weights.gguf import (
@@ -42,7 +43,7 @@ def check_tokenizer_files(path: Path) -> None:
     """ValueError naming the missing files when a checkpoint directory has no tokenizer.
 
     Cheap (it only looks at file names), so a missing tokenizer is reported before the weights
-    are read. A GGUF file carries its tokenizer in its metadata; gguf.py checks that.
+    are read. A GGUF file carries its tokenizer in its metadata; gguf_config.py checks that.
     """
     if is_gguf(path):
         return

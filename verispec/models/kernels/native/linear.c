@@ -223,7 +223,7 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 
 /* Codes layout for W [N, K] (N padded to 16, K to 32): codes[b][c][j][l] = q of W[16 b + j,
  * 32 c + l] (int8), scales[b][c][0][j] = d and scales[b][c][1][j] = m of that row's 32 columns
- * (float32). fma(d, q, m) is d * q + m rounded once; the packer (packing.affine_codes)
+ * (float32). fma(d, q, m) is d * q + m rounded once; the loader (affine.affine_codes)
  * only uses codes where d * q is exact in float32 and the result equals the weight bit for bit,
  * so this reads the very same weights in 1.25 bytes each (GGUF Q4_1 and Q8_0 blocks dequantized
  * to float32 are of this form). Per output: one accumulator, each 32-column chunk added as its
