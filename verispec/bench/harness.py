@@ -27,8 +27,6 @@ from verispec.bench.engines import (
     VerispecA8Engine,
     VerispecEngine,
     VerispecFp16Engine,
-    takes_draft,
-    takes_head,
 )
 from verispec.bench.hf_engine import TransformersEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing
@@ -40,7 +38,7 @@ from verispec.bench.verify_cost import (
     step_predicted_speedup,
 )
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
-from verispec.drafters.registry import PLAIN, method_names
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model, takes_head
 from verispec.drafters.registry import method as method_traits
 from verispec.engine.stats import SpecStats
 
@@ -206,7 +204,7 @@ def run_group(
 
 def _in_group(spec: MethodSpec, group: Group) -> bool:
     if spec == DRAFT_SPEC:  # needed for the cost ratio of draft-model rows only
-        return any(takes_draft(m.method) for m in group.methods)
+        return any(takes_draft_model(m.method) for m in group.methods)
     return spec in group.methods
 
 
@@ -279,7 +277,7 @@ def _predicted(
     if takes_head(spec.method) or _own_tree(spec) or _own_layers(spec):  # from the step times
         predicted = step_predicted_speedup(length, step)
         return {"draft_cost_ratio": None, "step_cost_ratio": step, "predicted_speedup": predicted}
-    cost = draft_cost if takes_draft(spec.method) else 0.0
+    cost = draft_cost if takes_draft_model(spec.method) else 0.0
     predicted = None
     if cost is not None:
         predicted = predicted_speedup(alpha_from_length(length, spec.k), spec.k, cost)
@@ -300,7 +298,7 @@ def _time_fractions(m: Measured) -> dict[str, float] | None:
 def home_workloads() -> dict[str, str]:
     """The workload each method is made for: draft models and heads on `code`, prompt lookup
     on `edit`."""
-    return {m: "code" if takes_draft(m) or takes_head(m) else "edit" for m in method_names()}
+    return {m: "code" if takes_draft_model(m) or takes_head(m) else "edit" for m in method_names()}
 
 
 def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[Key, Engine]:
@@ -318,7 +316,7 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
             progress(f"note: skipping engine {name}: {missing}")
             continue
         runs_heads = getattr(cls, "runs_heads", False)
-        specs = [s for s in needed if cls.drafts_with_models or not takes_draft(s.method)]
+        specs = [s for s in needed if cls.drafts_with_models or not takes_draft_model(s.method)]
         if len(specs) < len(needed):
             progress(f"note: engine {name} runs no draft-model method; it has no rows for them")
         if not runs_heads and any(takes_head(s.method) for s in specs):
@@ -334,7 +332,7 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
         engines[(name, PLAIN_SPEC)] = cls(config.target, None, PLAIN_SPEC, config.dtype)
         rounds_drafts = getattr(cls, "rounds_drafts", False)
         rounds = {"draft_quantization": config.draft_quantization} if rounds_drafts else {}
-        if any(takes_draft(s.method) for s in specs):
+        if any(takes_draft_model(s.method) for s in specs):
             alone = {**rounds, "alone": True} if rounds_drafts else {}
             engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype,
                                               **alone)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import replace
 
 import torch
 
@@ -23,8 +24,14 @@ from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCac
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.kernels.linear import cpu_model
 from verispec.models.paged import PagedModel, append_chunk
-from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
+from verispec.models.weights.loader import (
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from verispec.sample.rejection import Verdict
+from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
 
 PROFILE_TOKENS = 16
@@ -34,24 +41,13 @@ PROFILE_RUNS = 3
 only ever adds time, and one slowed run made drafts look dear for the whole first window)."""
 
 
-def resolve_device(device: str) -> torch.device:
-    """ "auto" = the first CUDA device when there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {device!r}") from e
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for but no CUDA device is available")
-    return resolved
-
-
 class Engine:
     """Continuous-batching generation over a paged KV cache."""
 
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        self.config = config
+        spec = resolve_speculative(config.model, config.speculative,
+                                   runtime=DraftRuntime.of(config))  # fmt: skip
+        self.config = config = replace(config, speculative=spec)
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)
