@@ -167,18 +167,14 @@ class SpecConfig:
 
 
     def __post_init__(self) -> None:
+        """Checks the fields on their own; num_speculative_tokens's range, and which options
+        the method reads, are its method's (drafters/registry.py, check_spec)."""
         if not isinstance(self.method, str) or not self.method:
             raise ValueError(f"speculative method must be a method name (a string), got "
                              f"{self.method!r}")  # fmt: skip
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
         check_quantization(self.quantization, "speculative quantization", (AUTO_DRAFT,))
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_TREE_NODES:
-            raise ValueError(
-                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
-                f"(a tree's node budget: [1, {MAX_TREE_NODES}]), got {k!r}"
-            )
         for name in ("tree_topk", "tree_depth"):
             value = getattr(self, name)
             if value is not None and (

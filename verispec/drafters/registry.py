@@ -229,7 +229,8 @@ def check_spec(spec: SpecConfig) -> SpecConfig:
     filled: dict[str, Any] = {}
     tree = _check_tree(spec, traits, filled)
     k = spec.num_speculative_tokens
-    if not (tree or traits.own_tree) and k > MAX_SPECULATIVE_TOKENS:
+    limit = MAX_TREE_NODES if tree or traits.own_tree else MAX_SPECULATIVE_TOKENS
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
         drafts_trees = traits.takes_tree or traits.own_tree
         trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if drafts_trees else ""
         raise ValueError(f"num_speculative_tokens must be an integer in "
