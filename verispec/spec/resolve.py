@@ -89,8 +89,8 @@ def resolve_speculative(
         return None
     if isinstance(speculative, str):
         if speculative != "auto":
-            raise ValueError(f"speculative must be a SpecConfig, a dict of its fields, 'auto' "
-                             f"or None; got {speculative!r}")  # fmt: skip
+            raise ValueError(f"speculative must be a SpecConfig, None or 'auto' (or a dict of "
+                             f"SpecConfig's fields); got {speculative!r}")  # fmt: skip
         own = default_drafter(model)
         if own is None:
             if overrides:
@@ -101,8 +101,8 @@ def resolve_speculative(
             return _finish(replace(own, adaptive=True), runtime)
         speculative = SpecConfig(method=own.method)
     if not isinstance(speculative, SpecConfig):
-        raise ValueError(f"speculative must be a SpecConfig, a dict of its fields, 'auto' or "
-                         f"None; got {speculative!r}")  # fmt: skip
+        raise ValueError(f"speculative must be a SpecConfig, None or 'auto' (or a dict of "
+                         f"SpecConfig's fields); got {speculative!r}")  # fmt: skip
     spec = _with_own_drafter(model, speculative, asked_more=bool(overrides))
     if overrides:
         spec = replace(spec, **overrides)
