@@ -246,7 +246,7 @@ def test_spec_config_fills_checks_and_refuses_the_suffix_options() -> None:
     with pytest.raises(ValueError, match="'suffix' does not use prompt_lookup_min"):
         check_spec(SpecConfig(method="suffix", prompt_lookup_min=2))
     with pytest.raises(ValueError, match="num_speculative_tokens must be"):
-        SpecConfig(method="suffix", num_speculative_tokens=65)
+        check_spec(SpecConfig(method="suffix", num_speculative_tokens=65))
 
 
 def suffix_spec(k: int) -> SpecConfig:
