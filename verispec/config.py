@@ -75,8 +75,9 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     """Reuse the KV blocks of prompt prefixes other requests computed (exact: output is the
     same as without; docs/design.md, 5). Off by default in the library, whose benchmarks repeat
-    prompts; on by default in `verispec serve`. Works with every drafter: an EAGLE head's
-    features of cached positions are kept with their blocks (kv/drafter_prefix)."""
+    prompts; on by default in `verispec serve`. Works with every drafter: with an EAGLE head a
+    prefix hit reuses as many blocks as the head's own cache also holds
+    (kv/prefix_cache.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
