@@ -20,14 +20,14 @@ import torch
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
 from verispec.bench.workloads import PROMPTS_DIR
-from verispec.config import own_speculative
 from verispec.drafters.registry import HEAD_METHOD, MODEL_FREE_METHOD
+from verispec.spec.resolve import own_drafter
 
 
 def drafters(model: str, k: int, graft: int) -> dict[str, SpecConfig]:
     """Prompt lookup (chain of k), the model's shipped head as a chain of k, with the tree its
     config names (without a lookup), and that tree with a lookup chain of `graft` grafted on."""
-    head = own_speculative(model, HEAD_METHOD)
+    head = own_drafter(model, HEAD_METHOD)
     if head is None:
         raise ValueError(f"{model} ships no {HEAD_METHOD} head; give a named model that does")
     topk, depth = head.tree_topk, head.tree_depth

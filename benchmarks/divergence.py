@@ -21,8 +21,7 @@ from spec_decode import num_parameters, resolve_pair, workload
 
 from verispec.bench.report import write_json
 from verispec.cli.bench import print_settings, run_facts
-from verispec.cli.main import method_takes_draft
-from verispec.drafters.registry import method_names
+from verispec.drafters.registry import method_names, takes_model
 
 
 def parse_args() -> argparse.Namespace:
@@ -73,7 +72,7 @@ def run_mode(
     print(f"{mode}: plain done", file=sys.stderr)
     rows = []
     for method in args.methods:
-        model = str(draft) if method_takes_draft(method) else None
+        model = str(draft) if takes_model(method) else None
         spec = SpecConfig(method=method, model=model, num_speculative_tokens=args.k)
         run = greedy(options, prompts, args.max_tokens, spec)
         rows.append(compare(mode, plain, run, method, args.k))

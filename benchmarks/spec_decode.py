@@ -23,8 +23,7 @@ from plain_decode import thread_env
 
 from verispec.bench.report import write_json
 from verispec.cli.bench import print_settings, run_facts
-from verispec.cli.main import method_takes_draft
-from verispec.drafters.registry import method_names
+from verispec.drafters.registry import method_names, takes_model
 from verispec.spec.cost import alpha_from_length, predicted_speedup
 
 BENCH = Path.home() / ".cache/verispec/bench"
@@ -251,7 +250,7 @@ def main() -> None:
     for method in args.methods:
         for k in args.k:
             spec = SpecConfig(method=method, num_speculative_tokens=k,
-                              model=str(draft) if method_takes_draft(method) else None)  # fmt: skip
+                              model=str(draft) if takes_model(method) else None)  # fmt: skip
             llm = LLM(**options, speculative=spec)
             execute, propose = instrument(llm)
             for temperature, top_p in TEMPERATURES:

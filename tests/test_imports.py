@@ -90,42 +90,13 @@ def test_find_cycle_finds_one_and_only_when_there_is_one() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-KNOWN_LOOPS: dict[tuple[str, str], str] = {
-    ("verispec.drafters.registry", "verispec.config"): (
-        "registry.py imports SpecConfig for its annotations while config.py imports the "
-        "registry; this entry goes when config is a leaf (issue 36, item 2)"
-    ),
-}
-"""Import edges (importer, imported) the cycle test leaves out, each closing a loop known and
-being removed elsewhere; test_each_known_loop_is_still_there fails once one is gone, so the entry
-is deleted with it."""
-
-
-def unexpected_cycle(
-    graph: dict[str, set[str]], known: dict[tuple[str, str], str] = KNOWN_LOOPS
-) -> list[str] | None:
-    """A cycle of the graph once the known loops' edges are left out, or None."""
-    kept = {name: {m for m in imports if (name, m) not in known} for name, imports in graph.items()}
-    return find_cycle(kept)
-
-
 def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph(MODULES)
     assert graph["verispec.engine.engine"] >= {
         "verispec.drafters.registry", "verispec.engine.request"
     }  # fmt: skip
-    cycle = unexpected_cycle(graph)
+    cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
-
-
-def test_each_known_loop_is_still_there() -> None:
-    graph = import_graph(MODULES)
-    for (importer, imported), why in KNOWN_LOOPS.items():
-        closed = imported in graph.get(importer, ())
-        cycle = find_cycle(graph | {importer: {imported}}) if closed else None
-        assert importer in (cycle or []), (
-            f"{importer} -> {imported} no longer closes a loop: delete it from KNOWN_LOOPS ({why})"
-        )
 
 
 def test_a_loop_through_type_checking_imports_is_found(tmp_path: Path) -> None:
@@ -146,10 +117,9 @@ def test_a_loop_through_type_checking_imports_is_found(tmp_path: Path) -> None:
     (probe / "d.py").write_text("from probe.a import A\n")  # imports into the loop, not part
     graph = import_graph(package_modules(probe))
     assert graph["probe.b"] == {"probe.c"} and graph["probe.c"] == {"probe.a"}
-    assert unexpected_cycle(graph) == ["probe.a", "probe.b", "probe.c", "probe.a"]
-    assert unexpected_cycle(graph, {("probe.c", "probe.a"): "allowed"}) is None
+    assert find_cycle(graph) == ["probe.a", "probe.b", "probe.c", "probe.a"]
     (probe / "c.py").write_text("class C:\n    pass\n")  # the loop broken
-    assert unexpected_cycle(import_graph(package_modules(probe))) is None
+    assert find_cycle(import_graph(package_modules(probe))) is None
 
 
 MODEL_LAYERS = {
@@ -213,6 +183,7 @@ def test_the_models_sub_layers_import_only_downward() -> None:
     "module",
     ["verispec.drafters", "verispec.drafters.registry", "verispec.engine.request",
      "verispec.config", "verispec.engine", "verispec.api.llm", "verispec.cli.main",
+     "verispec.spec.resolve", "verispec.spec.policy",
      "verispec.audit.fit", "verispec.train.recipe", "verispec.bench.workloads", "verispec.paths",
      "verispec.models.kernels.linear", "verispec.models.weights.loader",
      "verispec.models.catalog.hub"],

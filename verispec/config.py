@@ -1,15 +1,13 @@
-"""Engine and cache configuration dataclasses; validation raises ValueError, never asserts."""
+"""Engine, cache and speculative configuration dataclasses: a leaf, importing nothing above
+the model kernels' constants. Each dataclass checks only its own fields (ValueError, never
+asserts); which options a method reads, and what "auto" means for a model, are the registry's and
+the resolver's (drafters/registry.py, spec/resolve.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD, method
-from verispec.drafters.self_draft import check_skip_option
-from verispec.drafters.suffix import SuffixConfig
-from verispec.models.catalog.default import shipped_head
-from verispec.models.catalog.hub import DEFAULT_MODEL, NAMED_MODELS
 from verispec.models.kernels.backends import LinearBackend
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.quantization import AUTO_DRAFT, check_quantization
@@ -77,13 +75,15 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     """Reuse the KV blocks of prompt prefixes other requests computed (exact: output is the
     same as without; docs/design.md, 5). Off by default in the library, whose benchmarks repeat
-    prompts; on by default in `verispec serve`. Ignored with an EAGLE head, which needs the
-    target's features of every position."""
+    prompts; on by default in `verispec serve`. Works with every drafter: with an EAGLE head a
+    prefix hit reuses as many blocks as the head's own cache also holds
+    (kv/prefix_cache.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
     drafter (prompt lookup for the default chat model, the embedded draft for embedded-code),
-    plain decoding for any other model (see default_speculative)."""
+    plain decoding for any other model. The engine resolves it (spec/resolve.py,
+    resolve_speculative): its config then holds the SpecConfig that runs, or None."""
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
@@ -102,22 +102,19 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}"
             )
-        if isinstance(self.speculative, str):
-            if self.speculative != "auto":
-                raise ValueError(
-                    f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
-                )
-            self.speculative = default_speculative(self.model)
-            if self.speculative is not None:
-                self.speculative.adaptive = True
+        if self.speculative != "auto" and not isinstance(self.speculative, SpecConfig | None):
+            raise ValueError(
+                f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
+            )
 
 
 @dataclass(slots=True)
 class SpecConfig:
     """Speculative decoding settings; key names follow vLLM's speculative_config."""
 
-    method: str = DEFAULT_METHOD
-    """Where drafts come from (the registry in verispec/drafters/registry.py lists them)."""
+    method: str = "draft_model"
+    """Where drafts come from (the registry in verispec/drafters/registry.py lists them and
+    says which of the options below each reads); vLLM's default."""
     model: str | None = None
     """Draft checkpoint directory or hub id (draft_model only)."""
     num_speculative_tokens: int = 4
@@ -131,7 +128,8 @@ class SpecConfig:
     """Round the draft's linear weights at load: None (as stored), fp16, int8, q8_0, w8a8 (q8_0
     times inputs rounded to 8-bit blocks), or "auto": for a draft model w8a8 where the native
     kernel runs it on AVX-512 VNNI, else as stored (quantization.draft_quantization; heads as
-    stored). A named model's own draft runs "auto". Never affects the output, only how often
+    stored), resolved to one of those by resolve_speculative. A named model's own draft runs
+    "auto". Never affects the output, only how often
     drafts are accepted and how fast the draft runs."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
@@ -146,7 +144,7 @@ class SpecConfig:
     adaptive: bool = False
     """Choose each step how many tokens to draft per request, up to num_speculative_tokens
     (a tree: its node budget), from a measured cost model of this engine and each request's
-    acceptance, so speculation turns itself off under load (engine/spec_policy.py);
+    acceptance, so speculation turns itself off under load (the engine's adaptive policy);
     False = always num_speculative_tokens. speculative="auto" turns it on."""
     suffix_decoding_max_tree_depth: int | None = None
     """suffix: longest run of tokens its tries count, the matched suffix and the drafted path
@@ -168,162 +166,180 @@ class SpecConfig:
     written after calibrating, so only the first run calibrates (SkipChoice.save writes one
     from your own prompts: drafters/skip_search.py)."""
 
+
     def __post_init__(self) -> None:
-        traits = method(self.method)  # ValueError listing the methods for an unknown name
-        self._check_self_draft(traits.drafts_with_own_layers)
+        """Checks the fields on their own; num_speculative_tokens's range, and which options
+        the method reads, are its method's (drafters/registry.py, check_spec)."""
+        if not isinstance(self.method, str) or not self.method:
+            raise ValueError(f"speculative method must be a method name (a string), got "
+                             f"{self.method!r}")  # fmt: skip
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
         check_quantization(self.quantization, "speculative quantization", (AUTO_DRAFT,))
-        self._check_tree(traits.takes_tree, traits.own_tree)
-        k = self.num_speculative_tokens
-        tree = (self.tree_topk or 1) > 1 or traits.own_tree
-        limit = MAX_TREE_NODES if tree else MAX_SPECULATIVE_TOKENS
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
-            drafts_trees = traits.takes_tree or traits.own_tree
-            trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if drafts_trees else ""
-            raise ValueError(
-                f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]"
-                f"{trees}, got {k!r}"
-            )
-        if traits.takes_model and not self.model:
-            raise ValueError(f"method {self.method!r} needs model= (a draft checkpoint or hub "
-                             "id; for a head method, the head's directory)")  # fmt: skip
-        grafting = self._check_grafting(traits.grafts_lookup)
-        looks_up = traits.takes_prompt_lookup or grafting
-        self._refuse_unused(traits.takes_model, looks_up, traits.takes_suffix)
-        if traits.takes_suffix:
-            self._fill_suffix()
-        if looks_up:
-            lo = 2 if self.prompt_lookup_min is None else self.prompt_lookup_min
-            hi = 4 if self.prompt_lookup_max is None else self.prompt_lookup_max
-            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-                raise ValueError(
-                    "prompt_lookup_min and prompt_lookup_max must be integers with "
-                    f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
-                )
-            self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
-
-    def _check_tree(self, takes_tree: bool, own_tree: bool) -> None:
-        """Tree options: integers >= 1, only for methods that draft trees of that shape."""
-        given = [f for f in ("tree_topk", "tree_depth") if getattr(self, f) is not None]
-        if given and not takes_tree:
-            shape = "trees of its own shape" if own_tree else "chains only"
-            raise ValueError(
-                f"method {self.method!r} drafts {shape} and does not use {', '.join(given)}"
-            )
-        for name in given:
+        for name in ("tree_topk", "tree_depth"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if (self.tree_topk or 1) > 1 and self.tree_depth is None:
-            self.tree_depth = 6
-        if self.tree_depth is not None and (self.tree_topk or 1) == 1:
-            raise ValueError("tree_depth needs tree_topk >= 2 (a chain's depth is "
-                             "num_speculative_tokens)")
-
-    def _check_grafting(self, grafts_lookup: bool) -> bool:
-        """prompt_lookup_tokens: an integer >= 1 below the node budget, for a method that
-        grafts lookups onto its trees, with a tree to graft onto. Returns whether it is on."""
-        n = self.prompt_lookup_tokens
-        if n is None:
-            return False
-        if not grafts_lookup:
-            raise ValueError(f"method {self.method!r} does not graft prompt lookups onto trees; "
-                             "drop prompt_lookup_tokens")  # fmt: skip
-        if (self.tree_topk or 1) == 1:
-            raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
-        k = self.num_speculative_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < k:
-            raise ValueError(
-                f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens - 1] "
-                f"(the tree keeps at least one node of its own), got {n!r} with "
-                f"num_speculative_tokens={k}"
-            )
-        return True
-
-    def _fill_suffix(self) -> None:
-        """suffix_decoding_* options: the defaults filled in, and checked (SuffixConfig)."""
-        defaults = SuffixConfig()
-        for name in SuffixConfig.__dataclass_fields__:
-            if getattr(self, f"suffix_decoding_{name}") is None:
-                setattr(self, f"suffix_decoding_{name}", getattr(defaults, name))
+        if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            PromptLookupConfig.of(self)  # the bounds, one of them defaulted
+        given = {name: value for name, value in _options(self, SuffixConfig).items()
+                 if value is not None}  # fmt: skip
         try:
-            self.suffix_config()
+            SuffixConfig(**given)
         except ValueError as e:
             raise ValueError(f"suffix_decoding_{e}") from None
+        self.self_skip_layers = SelfDraftConfig.of(self).skip_layers
+
+    def options(self, cls: type[Any]) -> Any:
+        """The options of one kind (a class of this module with SPEC_FIELDS) that this
+        configuration gives, as that class; their defaults fill fields left None."""
+        return cls(**{name: value for name, value in _options(self, cls).items()
+                      if value is not None})  # fmt: skip
 
     def suffix_config(self) -> SuffixConfig:
         """The suffix_decoding_* options as the suffix drafter's SuffixConfig."""
-        return SuffixConfig(**{name: getattr(self, f"suffix_decoding_{name}")
-                               for name in SuffixConfig.__dataclass_fields__})  # fmt: skip
+        return self.options(SuffixConfig)
 
-    def _check_self_draft(self, drafts_with_own_layers: bool) -> None:
-        """self_skip_layers (distinct indices >= 0, sorted) or self_calibration (a path), not
-        both; only for the method that skips layers, refused for any other."""
-        fields = ("self_skip_layers", "self_calibration")
-        given = [f for f in fields if getattr(self, f) is not None]
-        if given and not drafts_with_own_layers:
+
+def _options(spec: SpecConfig, cls: type[Any]) -> dict[str, Any]:
+    """{option field: the SpecConfig field's value} for an options class."""
+    return {name: getattr(spec, spec_field) for name, spec_field in cls.SPEC_FIELDS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModelConfig:
+    """A draft model's options: its checkpoint and how its weights are rounded."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization"}
+    model: str = ""
+    """Draft checkpoint directory, GGUF file, named model or hub id."""
+    quantization: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadConfig:
+    """A drafter head's options (EAGLE, Medusa): its directory (or shipped name)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization"}
+    model: str = ""
+    quantization: str | None = None
+    """As stored unless given ("auto" resolves to as stored for heads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLookupConfig:
+    """Prompt lookup's n-gram bounds: the longest suffix first, down to the shortest."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"min": "prompt_lookup_min",
+                                             "max": "prompt_lookup_max"}  # fmt: skip
+    min: int = 2
+    max: int = 4
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min, self.max
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi))
+        if not (ints and 1 <= lo <= hi):
             raise ValueError(
-                f"method {self.method!r} does not use {', '.join(given)}; drop "
-                f"{'it' if len(given) == 1 else 'them'} or choose a method that does"
+                "prompt_lookup_min and prompt_lookup_max must be integers with "
+                f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
             )
-        if len(given) == 2:
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> PromptLookupConfig:
+        return spec.options(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConfig:
+    """A tree's shape: children per node and levels (None, None: a chain)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"topk": "tree_topk", "depth": "tree_depth"}
+    topk: int | None = None
+    depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupGraftConfig:
+    """A prompt-lookup chain grafted onto each tree (its bounds: PromptLookupConfig)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"tokens": "prompt_lookup_tokens"}
+    tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixConfig:
+    """Suffix decoding's limits (vLLM's suffix_decoding_* options)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {
+        name: f"suffix_decoding_{name}"
+        for name in ("max_tree_depth", "max_spec_factor", "min_token_prob", "max_cached_requests")
+    }
+    max_tree_depth: int = 24
+    """Longest run the tries count: the matched suffix plus the drafted path below it."""
+    max_spec_factor: float = 1.0
+    """Node budget per step: at most this many times the matched suffix's length."""
+    min_token_prob: float = 0.1
+    """Smallest empirical probability of a drafted node's path."""
+    max_cached_requests: int = 10_000
+    """Finished requests' outputs kept to draft from (oldest evicted; 0 = none)."""
+
+    def __post_init__(self) -> None:
+        def number(value: object) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        depth, factor, prob, cached = (self.max_tree_depth, self.max_spec_factor,
+                                       self.min_token_prob, self.max_cached_requests)  # fmt: skip
+        if not (isinstance(depth, int) and number(depth) and depth >= 1):
+            raise ValueError(f"max_tree_depth must be an integer >= 1, got {depth!r}")
+        if not (number(factor) and 0 < factor < float("inf")):
+            raise ValueError(f"max_spec_factor must be a number > 0, got {factor!r}")
+        if not (number(prob) and 0 <= prob <= 1):
+            raise ValueError(f"min_token_prob must be a number in [0, 1], got {prob!r}")
+        if not (isinstance(cached, int) and number(cached) and cached >= 0):
+            raise ValueError(f"max_cached_requests must be an integer >= 0, got {cached!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SelfDraftConfig:
+    """Self-speculation's options: the layers its draft skips, or a calibration file holding
+    them, not both (neither: calibrated at load)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"skip_layers": "self_skip_layers",
+                                             "calibration": "self_calibration"}  # fmt: skip
+    skip_layers: tuple[int, ...] | None = None
+    """Distinct layer indices >= 0 (a list or tuple, any order; kept sorted). The target's
+    layer count is checked at load (drafters/self_draft.check_skip_layers)."""
+    calibration: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.skip_layers is not None and self.calibration is not None:
             raise ValueError("give self_skip_layers or self_calibration, not both: a calibration "
                              "file holds its own skip set")  # fmt: skip
-        self.self_skip_layers = check_skip_option(self.self_skip_layers)
-        if self.self_calibration is not None and (
-            not isinstance(self.self_calibration, str) or not self.self_calibration
+        value = self.skip_layers
+        if value is not None:
+            layers = isinstance(value, list | tuple) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+            )
+            if not layers or not value:
+                raise ValueError(f"self_skip_layers must be a non-empty list of layer indices "
+                                 f"(integers >= 0), e.g. (10, 14, 20), or None to calibrate; got "
+                                 f"{value!r}")  # fmt: skip
+            if len(set(value)) != len(value):
+                raise ValueError(f"self_skip_layers names a layer twice: {value!r}")
+            object.__setattr__(self, "skip_layers", tuple(sorted(value)))
+        if self.calibration is not None and (
+            not isinstance(self.calibration, str) or not self.calibration
         ):
             raise ValueError(f"self_calibration must be a file path (a string), got "
-                             f"{self.self_calibration!r}")  # fmt: skip
+                             f"{self.calibration!r}")  # fmt: skip
 
-    def _refuse_unused(
-        self, takes_model: bool, takes_prompt_lookup: bool, takes_suffix: bool
-    ) -> None:
-        """Options the method would ignore are errors, never silently dropped."""
-        unused = []
-        if not takes_suffix:
-            unused += [f"suffix_decoding_{name}" for name in SuffixConfig.__dataclass_fields__
-                       if getattr(self, f"suffix_decoding_{name}") is not None]  # fmt: skip
-        if not takes_model:
-            unused += [f for f in ("model", "quantization") if getattr(self, f) is not None]
-        if not takes_prompt_lookup:
-            unused += [
-                f for f in ("prompt_lookup_min", "prompt_lookup_max")
-                if getattr(self, f) is not None
-            ]  # fmt: skip
-        if unused:
-            raise ValueError(
-                f"method {self.method!r} does not use {', '.join(unused)}; drop "
-                f"{'it' if len(unused) == 1 else 'them'} or choose a method that does"
-            )
+    @classmethod
+    def of(cls, spec: SpecConfig) -> SelfDraftConfig:
+        return cls(spec.self_skip_layers, spec.self_calibration)
 
 
-def default_speculative(model: str | None) -> SpecConfig | None:
-    """What speculative="auto" means. A named model (None = the default model) drafts with its
-    shipped EAGLE head where that was measured fastest (NamedModel.auto_head), else with its
-    trained draft model, else with prompt lookup (no weights); any other model decodes plainly
-    unless asked."""
-    named = NAMED_MODELS.get(model or DEFAULT_MODEL)
-    if named is None:
-        return None
-    own_head = own_speculative(model, HEAD_METHOD) if named.auto_head else None
-    own_draft = own_speculative(model, DEFAULT_METHOD) if named.auto_draft else None
-    return own_head or own_draft or SpecConfig(method=MODEL_FREE_METHOD)
-
-
-def own_speculative(model: str | None, method: str) -> SpecConfig | None:
-    """A named model's own drafter for `method`: its shipped head for the head method (with the
-    tree settings the head was tuned with), its trained draft for the draft-model method; None
-    when it has none (or the model is not named)."""
-    named = NAMED_MODELS.get(model or DEFAULT_MODEL)
-    if named is None:
-        return None
-    if method == HEAD_METHOD and named.head is not None:
-        head = shipped_head(named.head)
-        if head is not None:
-            path, settings = head
-            return SpecConfig(method=method, model=str(path), **settings)
-    if method == DEFAULT_METHOD and named.draft is not None:
-        return SpecConfig(method=method, model=named.draft, quantization=AUTO_DRAFT)
-    return None
+OPTION_CLASSES = (DraftModelConfig, HeadConfig, PromptLookupConfig, TreeConfig,
+                  LookupGraftConfig, SuffixConfig, SelfDraftConfig)  # fmt: skip
+"""Every per-method options class; the registry says which ones each method reads."""

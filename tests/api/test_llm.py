@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.spec.resolve import resolve_speculative
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -287,7 +288,8 @@ def test_text_with_lone_surrogates_is_a_value_error(
 def test_speculative_takes_vllms_dict_form(llama_checkpoint: Path) -> None:
     options = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
     llm = LLM(model=str(llama_checkpoint), speculative=options)
-    assert llm.engine.config.speculative == SpecConfig(**options)
+    object_form = resolve_speculative(str(llama_checkpoint), SpecConfig(**options))
+    assert llm.engine.config.speculative == object_form  # the same, resolved
     assert len(llm.generate(PROMPT, GREEDY)[0].token_ids) >= 1
 
 

@@ -12,15 +12,14 @@ from verispec.bench.engines import (
     Sampling,
     VerispecEngine,
     gaps,
-    takes_draft,
 )
 from verispec.bench.hf_engine import TransformersEngine, hf_location
 from verispec.bench.plan import chain_methods
-from verispec.drafters.registry import PLAIN
+from verispec.drafters.registry import PLAIN, takes_draft_model
 
 ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
-DRAFT_METHOD = next(m for m in chain_methods() if takes_draft(m))
-LOOKUP_METHOD = next(m for m in chain_methods() if not takes_draft(m))
+DRAFT_METHOD = next(m for m in chain_methods() if takes_draft_model(m))
+LOOKUP_METHOD = next(m for m in chain_methods() if not takes_draft_model(m))
 METHODS = [MethodSpec(), MethodSpec(DRAFT_METHOD, 3), MethodSpec(LOOKUP_METHOD, 3)]
 # a prompt that repeats itself, so prompt lookup finds matches
 PROMPTS = [[0, *range(10, 30), *range(10, 20)], [0, 5, 6, 7, 8, 5, 6, 7]]

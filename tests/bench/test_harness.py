@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
-from verispec.bench.engines import takes_draft
 from verispec.bench.plan import BenchConfig, chain_methods, home_workloads, plan_groups
 from verispec.bench.verify_cost import verify_cost_curve
 from verispec.cli.bench import bench_config
 from verispec.cli.main import build_parser, main
-from verispec.drafters.registry import PLAIN, method
+from verispec.drafters.registry import PLAIN, method, takes_draft_model
 from verispec.models.kernels.quantization import draft_quantization
 
 ROW_FIELDS = {
@@ -36,9 +35,9 @@ def test_plans() -> None:
     for g in quick:
         methods = {m.method for m in g.methods}
         if g.workload == "code":
-            assert methods == {m for m in chain_methods() if takes_draft(m)}
+            assert methods == {m for m in chain_methods() if takes_draft_model(m)}
         if g.workload == "edit":
-            assert methods == {m for m in chain_methods() if not takes_draft(m)}
+            assert methods == {m for m in chain_methods() if not takes_draft_model(m)}
 
 
 @pytest.mark.parametrize(
@@ -95,7 +94,7 @@ def test_bench_quick_end_to_end(pair: tuple[Path, Path], tmp_path: Path, capsys)
             shares = r["time_fractions"]
             assert set(shares) == {"draft", "target", "verify", "other"}
             assert sum(shares.values()) == pytest.approx(1.0) and shares["target"] > 0
-            if r["method"] != PLAIN and takes_draft(r["method"]):
+            if r["method"] != PLAIN and takes_draft_model(r["method"]):
                 assert shares["draft"] > 0.01  # a draft model's forwards
             else:
                 assert shares["draft"] < 0.5 * shares["target"]  # no model runs there

@@ -7,6 +7,7 @@ import pytest
 
 from verispec.bench.serving import ServingConfig, plot, run_sweep, spec_for, table
 from verispec.cli.main import main
+from verispec.spec.resolve import resolve_speculative
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,7 +35,8 @@ def test_a_small_sweep_through_http(tmp_path) -> None:
 
 def test_settings_name_what_they_run() -> None:
     assert spec_for("off", "embedded-code") is None
-    assert spec_for("auto", "embedded-code") == "auto"
+    assert spec_for("auto", "embedded-code") == resolve_speculative("embedded-code", "auto")
+    assert spec_for("auto", "embedded-code").adaptive
     assert spec_for("k3", "embedded-code").num_speculative_tokens == 3
     assert not spec_for("fixed", "embedded-code").adaptive
     with pytest.raises(ValueError, match="allowed: off, auto, fixed, kN"):

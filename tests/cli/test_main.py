@@ -12,18 +12,20 @@ import pytest
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec.cli import main as cli
 from verispec.cli import options as cli_options
-from verispec.cli.main import build_parser, main, method_takes_draft
+from verispec.cli.main import build_parser, main
 from verispec.cli.options import spec_config
-from verispec.config import SpecConfig, default_speculative, own_speculative
+from verispec.config import SpecConfig
 from verispec.drafters.registry import (
     DEFAULT_METHOD,
     HEAD_METHOD,
     MODEL_FREE_METHOD,
     PLAIN,
     method_names,
+    takes_model,
 )
 from verispec.models.catalog.default import HEADS_DIR, embedded_model_path
 from verispec.models.weights.loader import resolve_head_path
+from verispec.spec.resolve import DraftRuntime, default_drafter, own_drafter, resolve_speculative
 from verispec.train.tokenizer import save_tokenizer
 
 
@@ -187,7 +189,7 @@ def test_draft_implies_draft_model_and_reports_acceptance(spec_pair, capsys) -> 
     result = generate_json(capsys, "def add(a, b):", "--model", str(target), "--draft",
                            str(draft), "--k", "3", "--max-tokens", "12")  # fmt: skip
     settings, metrics = result["settings"], result["metrics"]
-    assert method_takes_draft(settings["method"])
+    assert takes_model(settings["method"])
     assert (settings["k"], settings["draft"]) == (3, str(draft))
     assert metrics["num_verify_steps"] > 0
     assert metrics["num_draft_tokens"] <= 3 * metrics["num_verify_steps"]
@@ -220,7 +222,7 @@ def test_human_output_has_an_acceptance_line(spec_pair, capsys) -> None:
 
 
 def test_ngram_options_reach_the_engine(llama_checkpoint: Path, capsys) -> None:
-    ngram = next(m for m in method_names() if not method_takes_draft(m))
+    ngram = next(m for m in method_names() if not takes_model(m))
     result = generate_json(capsys, "a b a b a b a b", "--model", str(llama_checkpoint),
                            "--method", ngram, "--k", "2", "--prompt-lookup-min", "1",
                            "--prompt-lookup-max", "3", "--max-tokens", "8")  # fmt: skip
@@ -252,8 +254,8 @@ def test_bad_speculative_options_exit_2(
     llama_checkpoint: Path, capsys, extra: list[str], message: str
 ) -> None:
     names = {
-        "needs_draft": next(m for m in method_names() if method_takes_draft(m)),
-        "no_draft": next(m for m in method_names() if not method_takes_draft(m)),
+        "needs_draft": next(m for m in method_names() if takes_model(m)),
+        "no_draft": next(m for m in method_names() if not takes_model(m)),
         "draft": str(llama_checkpoint),
     }
     args = ["generate", "x", "--model", str(llama_checkpoint), *(a.format(**names) for a in extra)]
@@ -298,8 +300,9 @@ def test_default_model_drafts_by_prompt_lookup() -> None:
     def spec(*args: str) -> object:
         return spec_config(build_parser().parse_args(["generate", "x", *args]))
 
-    assert spec() == "auto"
-    auto = default_speculative(None)
+    assert spec() == resolve_speculative(None, "auto")  # resolved: what runs
+    assert spec().adaptive is True
+    auto = default_drafter(None)
     assert auto == SpecConfig(method=MODEL_FREE_METHOD)
     k2 = spec("--k", "2")  # the same drafter, 2 tokens a step
     assert (k2.method, k2.num_speculative_tokens, k2.model) == (MODEL_FREE_METHOD, 2, None)
@@ -307,7 +310,7 @@ def test_default_model_drafts_by_prompt_lookup() -> None:
     assert (lookup.method, lookup.model) == (MODEL_FREE_METHOD, None)
     assert spec("--method", PLAIN) is None
     with pytest.raises(ValueError, match="needs --draft"):
-        spec("--method", next(m for m in method_names() if method_takes_draft(m)))
+        spec("--method", next(m for m in method_names() if takes_model(m)))
 
 
 def test_head_method_without_draft_uses_the_models_shipped_head() -> None:
@@ -317,15 +320,16 @@ def test_head_method_without_draft_uses_the_models_shipped_head() -> None:
     def spec(*args: str) -> object:
         return spec_config(build_parser().parse_args(["generate", "x", *args]))
 
-    own = own_speculative(None, HEAD_METHOD)
+    own = own_drafter(None, HEAD_METHOD)
     assert own is not None and Path(own.model) == HEADS_DIR / "smollm2-135m-instruct-eagle"
-    assert spec("--method", HEAD_METHOD) == own
+    assert spec("--method", HEAD_METHOD) == resolve_speculative(None, own)
+    assert spec("--method", HEAD_METHOD).tree_topk == own.tree_topk
     chain = spec("--method", HEAD_METHOD, "--k", "3")
     assert (chain.model, chain.num_speculative_tokens, chain.tree_topk) == (own.model, 3, None)
     assert resolve_head_path("smollm2-135m-instruct-eagle") == Path(own.model)
     draft = SpecConfig(method=DEFAULT_METHOD, model="embedded-code-draft", quantization="auto")
-    assert own_speculative("embedded-code", DEFAULT_METHOD) == draft
-    assert own_speculative("/some/dir", HEAD_METHOD) is None
+    assert own_drafter("embedded-code", DEFAULT_METHOD) == draft
+    assert own_drafter("/some/dir", HEAD_METHOD) is None
 
 
 def test_draft_quantization_auto_and_none() -> None:
@@ -337,10 +341,11 @@ def test_draft_quantization_auto_and_none() -> None:
 
     given = ("--method", DEFAULT_METHOD, "--draft", "d", "--draft-quantization")
     assert spec(*given, "none").quantization is None
-    assert spec(*given, "auto").quantization == "auto"
+    auto = DraftRuntime().draft_quantization("auto")  # resolved: w8a8 where VNNI runs it
+    assert spec(*given, "auto").quantization == auto
     assert spec("--method", DEFAULT_METHOD, "--draft", "d").quantization is None
     own = ("--model", "embedded-code", "--method", DEFAULT_METHOD, "--k", "3")
-    assert spec(*own).quantization == "auto"
+    assert spec(*own).quantization == auto
     assert spec(*own, "--draft-quantization", "none").quantization is None
 
 

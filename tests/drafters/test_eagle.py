@@ -20,7 +20,6 @@ import torch
 from tests.helpers.checkpoints import count_preemptions, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
-from verispec.config import own_speculative
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
@@ -32,6 +31,7 @@ from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model
 from verispec.sample.tree import DraftTree
+from verispec.spec.resolve import own_drafter
 from verispec.train.distill import (
     extract_features,
     generate_responses,
@@ -549,7 +549,7 @@ def test_shipped_code_head_keeps_the_greedy_output() -> None:
     """The embedded code model's own head, with its tuned tree and grafted lookup: greedy
     output equals plain decoding, and it drafts well (mean acceptance length 3.14 on these
     prompts; an untrained head gets about 1)."""
-    spec = own_speculative("embedded-code", HEAD_METHOD)
+    spec = own_drafter("embedded-code", HEAD_METHOD)
     assert spec is not None and spec.prompt_lookup_tokens
     prompts = ["def read_config(path):\n", "class Queue:\n    def __init__(self):", "import os"]
     params = SamplingParams(temperature=0, max_tokens=32)

@@ -43,6 +43,7 @@ from tests.helpers.drafting import (
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
 from verispec.audit.fit import fit
+from verispec.drafters.registry import check_spec
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
 from verispec.drafters.skip_search import SkipChoice, calibrate, mean_accepted
 
@@ -289,7 +290,7 @@ BAD_SPECS = [
 @pytest.mark.parametrize(("options", "message"), BAD_SPECS)
 def test_bad_options_are_value_errors(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SpecConfig(**options)
+        check_spec(SpecConfig(**options))  # as the resolver and the engine check it
 
 
 def test_skip_layers_are_sorted_and_json_lists_accepted() -> None:

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.drafters.suffix import SuffixConfig, SuffixProposer, grow_tree, speculate
+from verispec.config import SuffixConfig
+from verispec.drafters.registry import check_spec
+from verispec.drafters.suffix import SuffixProposer, grow_tree, speculate
 from verispec.drafters.suffix_trie import CachedOutputs, SuffixTrie, _subtree_size
 from verispec.engine.stats import SpecStats
 
@@ -227,7 +229,7 @@ def test_proposer_drafts_from_its_own_tokens_and_finished_outputs() -> None:
 
 
 def test_spec_config_fills_checks_and_refuses_the_suffix_options() -> None:
-    spec = SpecConfig(method="suffix", num_speculative_tokens=32)  # a node budget, up to 64
+    spec = check_spec(SpecConfig(method="suffix", num_speculative_tokens=32))  # a node budget
     assert spec.suffix_config() == SuffixConfig()  # vLLM's defaults filled in
     given = SpecConfig(method="suffix", suffix_decoding_max_tree_depth=8,
                        suffix_decoding_max_cached_requests=0)  # fmt: skip
@@ -238,13 +240,13 @@ def test_spec_config_fills_checks_and_refuses_the_suffix_options() -> None:
         with pytest.raises(ValueError, match=f"suffix_decoding_{field} must be"):
             SpecConfig(method="suffix", **{f"suffix_decoding_{field}": value})
     with pytest.raises(ValueError, match="'ngram' does not use suffix_decoding_min_token_prob"):
-        SpecConfig(method="ngram", suffix_decoding_min_token_prob=0.2)
+        check_spec(SpecConfig(method="ngram", suffix_decoding_min_token_prob=0.2))
     with pytest.raises(ValueError, match="'suffix' drafts trees of its own shape and does not"):
-        SpecConfig(method="suffix", tree_topk=2)
+        check_spec(SpecConfig(method="suffix", tree_topk=2))
     with pytest.raises(ValueError, match="'suffix' does not use prompt_lookup_min"):
-        SpecConfig(method="suffix", prompt_lookup_min=2)
+        check_spec(SpecConfig(method="suffix", prompt_lookup_min=2))
     with pytest.raises(ValueError, match="num_speculative_tokens must be"):
-        SpecConfig(method="suffix", num_speculative_tokens=65)
+        check_spec(SpecConfig(method="suffix", num_speculative_tokens=65))
 
 
 def suffix_spec(k: int) -> SpecConfig:

@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tests.helpers.harness import Runner, hf_logits
 from verispec import LLM, SamplingParams
-from verispec.config import SpecConfig, own_speculative
+from verispec.config import SpecConfig
 from verispec.drafters.registry import HEAD_METHOD
+from verispec.spec.resolve import own_drafter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -106,7 +107,7 @@ def test_shipped_eagle_head_keeps_the_greedy_output_and_drafts_well(
     """The head shipped for the default model, with the tree and grafted lookup it was tuned
     with: greedy output equals plain decoding, and the head earns its keep (a measured mean
     acceptance length of 3.13 on the code question here; an untrained head gets about 1.0)."""
-    spec = own_speculative(None, HEAD_METHOD)
+    spec = own_drafter(None, HEAD_METHOD)
     assert spec is not None and spec.tree_topk > 1
     prompts = [chat_ids(hf_tokenizer, q) for q in SPEC_QUESTIONS]
     params = SamplingParams(temperature=0, max_tokens=SPEC_TOKENS, ignore_eos=True)

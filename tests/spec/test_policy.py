@@ -159,9 +159,9 @@ def test_adaptive_speculation_keeps_greedy_output(spec_pair) -> None:
 
 
 def test_auto_turns_it_on_and_a_fixed_k_stays_fixed() -> None:
-    from verispec.config import EngineConfig
+    from verispec.spec.resolve import resolve_speculative
 
-    assert EngineConfig(model="embedded-code").speculative.adaptive is True
+    assert resolve_speculative("embedded-code", "auto").adaptive is True  # as the engine does
     explicit = SpecConfig(model="draft/", num_speculative_tokens=3)
     assert explicit.adaptive is False
     with pytest.raises(ValueError, match="adaptive"):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import replace
 from typing import Any, Literal
 
 from tqdm import tqdm
@@ -16,6 +16,7 @@ from verispec.api.stream import RequestStream
 from verispec.config import CacheConfig, EngineConfig, SpecConfig
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
+from verispec.spec.resolve import DraftRuntime, resolve_speculative
 
 Prompt = str | list[int]
 Params = SamplingParams | Sequence[SamplingParams] | None
@@ -50,9 +51,11 @@ class LLM:
             )
         config = EngineConfig(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
-            speculative=spec_config_from(speculative), **engine_options,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks), speculative=None,
+            **engine_options,
         )  # fmt: skip
+        spec = resolve_speculative(model, speculative, runtime=DraftRuntime.of(config))
+        config = replace(config, speculative=spec)
         self.engine = Engine(config, progress=progress)
 
     @property
@@ -166,26 +169,6 @@ class LLM:
                 for r in self.engine.step():
                     bar.update(int(r.finished))
         return [self.engine.output(r) for r in requests]
-
-
-def spec_config_from(
-    speculative: SpecConfig | Mapping[str, Any] | Literal["auto"] | None,
-) -> SpecConfig | Literal["auto"] | None:
-    """A dict (vLLM's speculative_config form) as a SpecConfig; anything else unchanged.
-
-    >>> spec_config_from({"method": "ngram", "num_speculative_tokens": 2}).num_speculative_tokens
-    2
-    """
-    if not isinstance(speculative, Mapping):
-        return speculative
-    allowed = [f.name for f in fields(SpecConfig)]
-    unknown = [k for k in speculative if k not in allowed]
-    if unknown:
-        raise ValueError(
-            f"speculative has unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(allowed)}"
-        )
-    return SpecConfig(**speculative)
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from verispec.config import MAX_TREE_NODES, SpecConfig
-from verispec.drafters.registry import PLAIN, head_method_names, method, takes_draft_model
-from verispec.drafters.registry import takes_head as registry_takes_head
+from verispec.drafters.registry import PLAIN, head_method_names, method
 from verispec.engine.stats import SpecStats, StepTimes
 
 HEAD_METHODS = head_method_names()
@@ -283,13 +282,3 @@ def gaps(times: list[tuple[float, int]]) -> list[float]:
     for (before, _), (now, n) in itertools.pairwise(times):
         out += [now - before] + [0.0] * (n - 1)
     return out
-
-
-def takes_draft(method: str) -> bool:
-    """Whether a registry method drafts with a separate draft model (a head is not one)."""
-    return method != PLAIN and takes_draft_model(method)
-
-
-def takes_head(method: str) -> bool:
-    """Whether a method drafts with a head over the target's features (--eagle, --medusa)."""
-    return method != PLAIN and registry_takes_head(method)

@@ -18,8 +18,6 @@ from verispec.bench.engines import (
     MethodSpec,
     Sampling,
     VerispecEngine,
-    takes_draft,
-    takes_head,
 )
 from verispec.bench.plan import (
     DRAFT_SPEC,
@@ -36,6 +34,7 @@ from verispec.bench.plan import (
 )
 from verispec.bench.summary import Measured, cost_ratio, mismatches, summarise
 from verispec.bench.workloads import WORKLOADS, BenchPrompt
+from verispec.drafters.registry import takes_draft_model, takes_head
 
 
 def run_group(
@@ -64,7 +63,7 @@ def run_group(
 
 def _in_group(spec: MethodSpec, group: Group) -> bool:
     if spec == DRAFT_SPEC:  # needed for the cost ratio of draft-model rows only
-        return any(takes_draft(m.method) for m in group.methods)
+        return any(takes_draft_model(m.method) for m in group.methods)
     return spec in group.methods
 
 
@@ -83,7 +82,7 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
             progress(f"note: skipping engine {name}: {missing}")
             continue
         runs_heads = getattr(cls, "runs_heads", False)
-        specs = [s for s in needed if cls.drafts_with_models or not takes_draft(s.method)]
+        specs = [s for s in needed if cls.drafts_with_models or not takes_draft_model(s.method)]
         if len(specs) < len(needed):
             progress(f"note: engine {name} runs no draft-model method; it has no rows for them")
         if not runs_heads and any(takes_head(s.method) for s in specs):
@@ -99,7 +98,7 @@ def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[K
         engines[(name, PLAIN_SPEC)] = cls(config.target, None, PLAIN_SPEC, config.dtype)
         rounds_drafts = getattr(cls, "rounds_drafts", False)
         rounds = {"draft_quantization": config.draft_quantization} if rounds_drafts else {}
-        if any(takes_draft(s.method) for s in specs):
+        if any(takes_draft_model(s.method) for s in specs):
             alone = {**rounds, "alone": True} if rounds_drafts else {}
             engines[(name, DRAFT_SPEC)] = cls(config.draft, None, PLAIN_SPEC, config.dtype,
                                               **alone)  # fmt: skip

@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps, takes_draft
-from verispec.drafters.registry import PLAIN
+from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps
+from verispec.drafters.registry import PLAIN, takes_draft_model
 from verispec.engine.stats import SpecStats
 
 
@@ -34,7 +34,7 @@ class TransformersEngine:
         self.model = _from_pretrained(AutoModelForCausalLM, target, dtype=torch_dtype).eval()
         self.model.to(device)
         self.options: dict[str, Any] = {}
-        if spec.method != PLAIN and takes_draft(spec.method):
+        if takes_draft_model(spec.method):
             if draft is None:
                 raise ValueError(f"method {spec.method} needs a draft checkpoint")
             assistant = _from_pretrained(AutoModelForCausalLM, draft, dtype=torch_dtype).eval()

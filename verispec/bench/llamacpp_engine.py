@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps, takes_draft
-from verispec.drafters.registry import PLAIN
+from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps
+from verispec.drafters.registry import PLAIN, takes_draft_model
 from verispec.engine.stats import SpecStats
 
 INSTALL_HINT = "pip install 'verispec[llamacpp]'"
@@ -71,7 +71,7 @@ class LlamaCppEngine:
     ) -> None:
         if target.suffix != ".gguf" or not target.is_file():
             raise ValueError(f"engine llamacpp runs a GGUF file; {target} is not one")
-        if device != "cpu" or (spec.method != PLAIN and takes_draft(spec.method)):
+        if device != "cpu" or takes_draft_model(spec.method):
             raise ValueError(f"engine llamacpp runs plain decoding or ngram on the CPU, not "
                              f"{spec.method} on {device}")  # fmt: skip
         from llama_cpp import Llama

@@ -15,13 +15,11 @@ from verispec.bench.engines import (
     VerispecA8Engine,
     VerispecEngine,
     VerispecFp16Engine,
-    takes_draft,
-    takes_head,
 )
 from verispec.bench.hf_engine import TransformersEngine
 from verispec.bench.llamacpp_engine import LlamaCppEngine, llama_cpp_missing
 from verispec.bench.workloads import WORKLOADS
-from verispec.drafters.registry import PLAIN, method_names
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model, takes_head
 from verispec.drafters.registry import method as method_traits
 
 ENGINES: dict[str, Any] = {
@@ -152,7 +150,7 @@ def method_specs(method: str, config: BenchConfig) -> list[MethodSpec]:
 def home_workloads() -> dict[str, str]:
     """The workload each method is made for: draft models and heads on `code`, prompt lookup
     on `edit`."""
-    return {m: "code" if takes_draft(m) or takes_head(m) else "edit" for m in method_names()}
+    return {m: "code" if takes_draft_model(m) or takes_head(m) else "edit" for m in method_names()}
 
 
 def own_tree(spec: MethodSpec) -> bool:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from verispec.config import SpecConfig, default_speculative
+from verispec.config import SpecConfig
+from verispec.spec.resolve import resolve_speculative
 
 SETTINGS = ("off", "auto", "fixed")
 """off: plain decoding; auto: the model's own drafter, adaptive; fixed: the same drafter at its
@@ -62,22 +63,23 @@ class Row:
         return self.output_tokens / self.seconds
 
 
-def spec_for(setting: str, model: str | None) -> SpecConfig | str | None:
-    """The speculative setting a name stands for (ValueError for an unknown one)."""
+def spec_for(setting: str, model: str | None) -> SpecConfig | None:
+    """The resolved speculative setting a name stands for (ValueError for an unknown one):
+    off, auto (the model's own drafter, adaptive), fixed (the same at its k) or kN (the same
+    drafter at N tokens a step), each through the one resolver (spec/resolve.py)."""
     if setting == "off":
         return None
-    if setting == "auto":
-        return "auto"
-    own = default_speculative(model)
+    if setting not in ("auto", "fixed") and not (setting.startswith("k") and setting[1:].isdigit()):
+        raise ValueError(f"unknown setting {setting!r}; allowed: off, auto, fixed, kN (e.g. k4)")
+    own = resolve_speculative(model, "auto")
     if own is None:
         raise ValueError(f"setting {setting!r} needs a model with a drafter of its own; "
                          f"{model} has none (use off)")  # fmt: skip
-    if setting == "fixed":
+    if setting == "auto":
         return own
-    if setting.startswith("k") and setting[1:].isdigit():
-        k = int(setting[1:])
-        return SpecConfig(method=own.method, model=own.model, num_speculative_tokens=k)
-    raise ValueError(f"unknown setting {setting!r}; allowed: off, auto, fixed, kN (e.g. k4)")
+    if setting == "fixed":
+        return replace(own, adaptive=False)
+    return resolve_speculative(model, "auto", {"num_speculative_tokens": int(setting[1:])})
 
 
 async def _one(client: Any, model: str, payload: dict, max_tokens: int) -> dict[str, Any]:

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from verispec.bench.engines import BatchRun, MethodSpec, Sampling, takes_draft, takes_head
+from verispec.bench.engines import BatchRun, MethodSpec, Sampling
 from verispec.bench.plan import ENGINES, BenchConfig, Group, own_layers, own_tree
 from verispec.bench.verify_cost import (
     PassTimes,
     step_cost_ratio,
     step_predicted_speedup,
 )
-from verispec.drafters.registry import PLAIN
+from verispec.drafters.registry import PLAIN, takes_draft_model, takes_head
 from verispec.engine.stats import SpecStats
 from verispec.spec.cost import alpha_from_length, predicted_speedup
 
@@ -101,7 +101,7 @@ def _predicted(
     if takes_head(spec.method) or own_tree(spec) or own_layers(spec):  # from the step times
         predicted = step_predicted_speedup(length, step)
         return {"draft_cost_ratio": None, "step_cost_ratio": step, "predicted_speedup": predicted}
-    cost = draft_cost if takes_draft(spec.method) else 0.0
+    cost = draft_cost if takes_draft_model(spec.method) else 0.0
     predicted = None
     if cost is not None:
         predicted = predicted_speedup(alpha_from_length(length, spec.k), spec.k, cost)

@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape, takes_draft
+from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape
 from verispec.bench.harness import run_bench
 from verispec.bench.hf_engine import hf_location
 from verispec.bench.plan import BenchConfig, chain_methods
 from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.summary import comparison_notes
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
-from verispec.drafters.registry import PLAIN
+from verispec.drafters.registry import takes_draft_model
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
@@ -30,7 +30,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
     import torch
 
-    from verispec.models.kernels.quantization import draft_quantization, from_draft_flag
+    from verispec.models.kernels.quantization import from_draft_flag
+    from verispec.spec.resolve import DraftRuntime
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workloads", "methods", "temperatures", "top_p", "prompts", "max_tokens",
@@ -52,9 +53,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         options["trees"] = tuple(parse_tree_shape(t) for t in args.trees)
     target = bench_model(args.target, "target", "--target")
     draft = bench_model(args.draft, "draft", "--draft")
-    options["draft_quantization"] = draft_quantization(
-        from_draft_flag(args.draft_quantization), "auto", torch.device("cpu"), torch.float32, False
-    )
+    cpu = DraftRuntime(device="cpu", dtype="float32")  # where the bench's rows run
+    options["draft_quantization"] = cpu.draft_quantization(from_draft_flag(args.draft_quantization))
     return BenchConfig(target=target, draft=draft, heads=heads, **options)
 
 
@@ -92,7 +92,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     fields = {
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
-    if not any(m != PLAIN and takes_draft(m) for m in config.methods):
+    if not any(takes_draft_model(m) for m in config.methods):
         fields["draft"] = None  # no row uses it: do not print a model that did not run
         fields["draft_quantization"] = None
     fields["heads"] = {m: str(path) for m, path in config.heads.items()}

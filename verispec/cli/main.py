@@ -4,6 +4,7 @@ with one line."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from typing import Any
 from verispec.bench.plan import ENGINES
 from verispec.cli.options import acceptance_line, add_model_options, load_llm, sampling_params
 from verispec.cli.verify import add_verify_parser, run_verify
-from verispec.drafters.registry import PLAIN, head_method_names, method_names, takes_model
+from verispec.drafters.registry import PLAIN, head_method_names, method_names
 from verispec.models.catalog.hub import model_names, pull
 from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
 
@@ -187,11 +188,6 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                       help="draft vocabulary size (the target's most frequent output tokens)")
 
 
-def method_takes_draft(method: str) -> bool:
-    """Whether `method` needs a draft checkpoint or head (asked of the registry)."""
-    return takes_model(method)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `verispec` command; bad input exits 2 with a one-line message."""
     args = build_parser().parse_args(argv)
@@ -335,7 +331,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     llm = load_llm(args)
     engine = llm.engine
-    spec = engine.config.speculative  # "auto" resolved
+    spec = engine.config.speculative  # resolved (spec/resolve.py): what runs
     out = llm.generate(args.prompt, params)[0]
     metrics = out.metrics.to_dict()
     settings: dict[str, Any] = {
@@ -355,6 +351,7 @@ def _generate(args: argparse.Namespace) -> int:
         "compile": args.compile,
         "quantization": args.quantization,
         "draft_quantization": spec.quantization if spec else None,
+        "speculative": dataclasses.asdict(spec) if spec else None,
         "kernels": engine.model.kernels(),
     }
     if args.json:

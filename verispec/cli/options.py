@@ -7,14 +7,22 @@ import argparse
 import json
 import re
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from verispec.api.chat import check_text
 from verispec.api.sampling_params import SamplingParams
-from verispec.config import SpecConfig, default_speculative, own_speculative
-from verispec.drafters.registry import PLAIN, method_names, takes_model
+from verispec.config import SpecConfig
+from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.engine.stats import SpecStats
 from verispec.models.kernels.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
+from verispec.spec.resolve import (
+    DraftRuntime,
+    SpecRequest,
+    default_drafter,
+    own_drafter,
+    resolve_speculative,
+    spec_from_dict,
+)
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM
@@ -95,57 +103,57 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
 )
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | str | None:
-    """The SpecConfig the options ask for, None for plain decoding, or "auto" (the model's own
-    drafter, see config.default_speculative); ValueError on a contradiction, naming the flags.
-    Method names stay in the registry: whether a method takes a draft checkpoint is asked of it."""
+def spec_config(args: argparse.Namespace) -> SpecConfig | None:
+    """The fully resolved SpecConfig the options ask for (spec/resolve.py), None for plain
+    decoding; ValueError on a contradiction, naming the flags. Method names stay in the
+    registry: whether a method takes a draft checkpoint is asked of it."""
+    request, overrides = spec_request(args)
+    runtime = DraftRuntime(device=getattr(args, "device", None) or "auto",
+                           dtype=getattr(args, "dtype", None) or "auto",
+                           compile=bool(getattr(args, "compile", False)))  # fmt: skip
+    try:
+        return resolve_speculative(args.model, request, overrides, runtime=runtime)
+    except ValueError as e:
+        raise ValueError(flag_names(str(e))) from None
+
+
+def spec_request(args: argparse.Namespace) -> tuple[SpecRequest, dict[str, Any]]:
+    """What the options ask the resolver for: a request ("auto", None, a SpecConfig naming
+    the method and draft, or --speculative-config's object) and the SpecConfig fields the other
+    flags set on top; ValueError on a contradiction, naming the flags."""
     if getattr(args, "speculative_config", None) is not None:
-        return speculative_config_json(args)
-    given = {}  # option flag: (SpecConfig field, value)
+        return speculative_config_json(args), {}
+    given: dict[str, Any] = {}  # option flag: value for its SpecConfig field
     for flag, field in SPEC_FLAGS:
         value = getattr(args, _attr(flag))
         if value is not None:
             if flag == "--draft-quantization":
                 value = from_draft_flag(value)  # "none" gives None, still an explicit choice
             given[flag] = (field, value)
+    overrides = dict(given.values())
     if args.method == PLAIN:
         if given or args.draft is not None:
             extra = [*given, *(["--draft"] if args.draft is not None else [])]
             raise ValueError(f"--method {PLAIN} decodes without drafts; drop {', '.join(extra)}")
-        return None
-    default = default_speculative(args.model)
+        return None, {}
     if args.draft is None and args.method is None:
-        if not given:
-            return "auto"
-        if default is None:
+        if given and default_drafter(args.model) is None:
             verb = "needs" if len(given) == 1 else "need"
             raise ValueError(f"{', '.join(given)} {verb} --draft or --method")
-        return _spec(**_fields(default), **dict(given.values()))
-    options: dict[str, Any] = dict(given.values())
+        return "auto", overrides
     if args.method is not None:
-        options["method"] = args.method
         takes_draft = takes_model(args.method)
-        own = own_speculative(args.model, args.method)
-        if takes_draft and args.draft is None and own is not None and not given:
-            return own  # the model's own head or draft, with the settings it was tuned with
-        if takes_draft and args.draft is None and own is not None:
-            options["model"] = own.model
-            options.setdefault("quantization", own.quantization)
-        elif takes_draft and args.draft is None:
+        if takes_draft and args.draft is None and own_drafter(args.model, args.method) is None:
             raise ValueError(f"--method {args.method} needs --draft (a draft checkpoint or hub "
                              "id; for a head method, its directory)")  # fmt: skip
         if not takes_draft and args.draft is not None:
             raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
-    if args.draft is not None:
-        options["model"] = args.draft
-    return _spec(**options)
+    return _spec(method=args.method or DEFAULT_METHOD, model=args.draft), overrides
 
 
 def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
     """--speculative-config: vLLM's JSON object of SpecConfig fields ('null': plain decoding);
     the other speculation flags must not be given beside it."""
-    from verispec.api.llm import spec_config_from
-
     flags = [flag for flag, _ in SPEC_FLAGS if getattr(args, _attr(flag)) is not None]
     flags += [f for f in ("--draft", "--method") if getattr(args, _attr(f)) is not None]
     if flags:
@@ -157,7 +165,7 @@ def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
     if value is not None and not isinstance(value, dict):
         example = '{"model": "draft/", "num_speculative_tokens": 4}'
         raise ValueError(f"--speculative-config must be a JSON object, e.g. '{example}', or null")
-    return cast(SpecConfig | None, spec_config_from(value))
+    return None if value is None else spec_from_dict(value)
 
 
 def _int_list(text: str) -> list[int]:
@@ -171,11 +179,6 @@ def _int_list(text: str) -> list[int]:
 
 def _attr(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
-
-
-def _fields(spec: SpecConfig) -> dict[str, Any]:
-    """The fields a SpecConfig was given explicitly (method and model) to build it again."""
-    return {"method": spec.method, "model": spec.model}
 
 
 def _spec(**options: Any) -> SpecConfig:

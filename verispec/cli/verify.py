@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from verispec.api.sampling_params import SamplingParams
 from verispec.cli.options import add_model_options, check_arguments, sampling_params
-from verispec.config import SpecConfig, default_speculative
+from verispec.config import SpecConfig
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM
@@ -153,17 +153,14 @@ def verify_spec(args: argparse.Namespace) -> tuple[SpecConfig, str | None]:
     ValueError when it decodes plainly, leaving nothing to verify."""
     from verispec.cli.options import spec_config
 
-    spec = spec_config(args)
-    adaptive = spec == "auto" or (isinstance(spec, SpecConfig) and spec.adaptive)
-    if spec == "auto":
-        spec = default_speculative(args.model)
-    if not isinstance(spec, SpecConfig):
+    spec = spec_config(args)  # resolved: "auto" is the model's own drafter, adaptive
+    if spec is None:
         raise ValueError(
             "this configuration decodes plainly (no drafter), so there is nothing "
             "to verify; give --draft, --method or a model with its own drafter"
         )
     note = None
-    if adaptive:
+    if spec.adaptive:
         spec = replace(spec, adaptive=False)
         note = (f"off for the check (k fixed at {spec.num_speculative_tokens}: the policy only "
                 "chooses how many drafts a step verifies)")  # fmt: skip

@@ -12,7 +12,6 @@ from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_dr
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
-from verispec.models.kernels.quantization import draft_quantization
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path
@@ -77,12 +76,11 @@ class DraftModelProposer:
         cls, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo
     ) -> DraftModelProposer:
         """A proposer over the draft checkpoint `model` (a directory, GGUF file or name), loaded
-        as the target is (dtype, device, kernels, compile); its tokenizer must be the target's."""
+        as the target is (dtype, device, kernels, compile), its weights rounded by `quantization`
+        (resolved: spec/resolve.py decides "auto"); its tokenizer must be the target's."""
         path = resolve_model_path(model)
         tokenizer = Tokenizer(path)
         check_vocabularies(target.tokenizer, tokenizer)
-        quantization = draft_quantization(quantization, target.linear_backend, target.device,
-                                          target.dtype, target.compile)  # fmt: skip
         loaded = load_model(
             path, target.dtype, target.device, target.linear_backend,
             batch_invariant=target.batch_invariant, quantization=quantization,

@@ -1,11 +1,25 @@
-"""The registry of speculative methods: the only place method names appear."""
+"""The registry of speculative methods: the only place method names appear. Each method maps
+to its factory and the per-method options classes (config.py) it reads; check_spec checks a
+SpecConfig against them, filling in their defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
+from verispec.config import (
+    MAX_SPECULATIVE_TOKENS,
+    MAX_TREE_NODES,
+    DraftModelConfig,
+    HeadConfig,
+    LookupGraftConfig,
+    PromptLookupConfig,
+    SelfDraftConfig,
+    SpecConfig,
+    SuffixConfig,
+    TreeConfig,
+)
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.medusa import MedusaProposer
@@ -19,36 +33,59 @@ from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path
 
-if TYPE_CHECKING:  # annotations only: config imports this module, never the reverse at run time
-    from verispec.config import SpecConfig
-
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """A speculative method: how to build its drafter and which SpecConfig options it reads."""
+    """A speculative method: how to build its drafter and which options classes it reads."""
 
     make: Callable[[SpecConfig, TargetInfo], Proposer]
-    takes_draft_model: bool = False
-    """Drafts with a separate draft checkpoint (SpecConfig.model, .quantization)."""
-    takes_prompt_lookup: bool = False
-    """Reads SpecConfig.prompt_lookup_min / prompt_lookup_max."""
-    takes_head: bool = False
-    """Drafts with a head over the target's features (SpecConfig.model is its directory)."""
-    takes_tree: bool = False
-    """May draft a tree: reads SpecConfig.tree_topk / tree_depth."""
-    grafts_lookup: bool = False
-    """May graft a prompt-lookup chain onto its trees (SpecConfig.prompt_lookup_tokens, with
-    prompt_lookup_min / prompt_lookup_max)."""
+    options: tuple[type[Any], ...] = ()
+    """The per-method options classes (config.py) whose SpecConfig fields it reads; any other
+    option given is refused, never silently dropped."""
     own_tree: bool = False
     """Drafts trees of its own shape, not tree_topk / tree_depth: num_speculative_tokens is the
     node budget (up to MAX_TREE_NODES), and a request's tree may have fewer nodes, or none."""
-    takes_suffix: bool = False
-    """Reads SpecConfig.suffix_decoding_* (suffix decoding's tries and limits)."""
-    drafts_with_own_layers: bool = False
-    """Drafts with the target's own layers, some skipped (SpecConfig.self_skip_layers,
-    self_calibration); no separate draft weights."""
     model_free: bool = False
     """Drafts from tokens alone: make reads nothing of the target (make_model_free_proposer)."""
+    fuses_features: bool = False
+    """A head over several of the target's layers' features fused (EAGLE-3), not the last
+    layer's output alone (Medusa); how `verispec train` builds and feeds it."""
+
+    @property
+    def takes_draft_model(self) -> bool:
+        """Drafts with a separate draft checkpoint (SpecConfig.model, .quantization)."""
+        return DraftModelConfig in self.options
+
+    @property
+    def takes_head(self) -> bool:
+        """Drafts with a head over the target's features (SpecConfig.model is its directory)."""
+        return HeadConfig in self.options
+
+    @property
+    def takes_prompt_lookup(self) -> bool:
+        """Reads SpecConfig.prompt_lookup_min / prompt_lookup_max."""
+        return PromptLookupConfig in self.options
+
+    @property
+    def takes_tree(self) -> bool:
+        """May draft a tree: reads SpecConfig.tree_topk / tree_depth."""
+        return TreeConfig in self.options
+
+    @property
+    def grafts_lookup(self) -> bool:
+        """May graft a prompt-lookup chain onto its trees (prompt_lookup_tokens)."""
+        return LookupGraftConfig in self.options
+
+    @property
+    def takes_suffix(self) -> bool:
+        """Reads SpecConfig.suffix_decoding_* (suffix decoding's tries and limits)."""
+        return SuffixConfig in self.options
+
+    @property
+    def drafts_with_own_layers(self) -> bool:
+        """Drafts with the target's own layers, some skipped (self_skip_layers,
+        self_calibration); no separate draft weights."""
+        return SelfDraftConfig in self.options
 
     @property
     def takes_model(self) -> bool:
@@ -69,7 +106,8 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
 
 
 def _head_quantization(spec: SpecConfig) -> str | None:
-    """A head's weights as stored under the default "auto" (only draft models round then)."""
+    """A head's weights as stored under "auto" (resolve_speculative decides it so already; a
+    SpecConfig built by hand may still say "auto")."""
     return None if spec.quantization == AUTO_DRAFT else spec.quantization
 
 
@@ -92,30 +130,33 @@ _METHODS: dict[str, Method] = {
         lambda spec, target: DraftModelProposer.load(
             spec.model or "", spec.quantization, spec.num_speculative_tokens, target
         ),
-        takes_draft_model=True,
+        options=(DraftModelConfig,),
     ),
     "ngram": Method(
         lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
-        takes_prompt_lookup=True,
+        options=(PromptLookupConfig,),
         model_free=True,
     ),
-    "eagle": Method(_eagle, takes_head=True, takes_tree=True, grafts_lookup=True),
-    "medusa": Method(_medusa, takes_head=True, takes_tree=True),
+    "eagle": Method(
+        _eagle, options=(HeadConfig, TreeConfig, LookupGraftConfig), fuses_features=True
+    ),
+    "medusa": Method(_medusa, options=(HeadConfig, TreeConfig)),
     "suffix": Method(
         lambda spec, target: SuffixProposer(spec.suffix_config()),
+        options=(SuffixConfig,),
         own_tree=True,
-        takes_suffix=True,
         model_free=True,
     ),
-    "self": Method(_self, drafts_with_own_layers=True),
+    "self": Method(_self, options=(SelfDraftConfig,)),
 }
 
 
 PLAIN = "none"
 """The name benchmarks and the CLI give to plain decoding (no proposer)."""
 
-DEFAULT_METHOD = "draft_model"
-"""SpecConfig's method when none is given, and the one a model with a trained draft uses."""
+DEFAULT_METHOD: str = SpecConfig.__dataclass_fields__["method"].default
+"""SpecConfig's method when none is given (draft_model), and the one a model with a trained
+draft uses."""
 
 HEAD_METHOD = "eagle"
 """The drafter of a named model that ships a trained head (models/embedded/heads/)."""
@@ -134,18 +175,21 @@ def method(name: str) -> Method:
 
 
 def takes_draft_model(name: str) -> bool:
-    """Whether method `name` drafts with a separate draft checkpoint (SpecConfig.model)."""
-    return method(name).takes_draft_model
+    """Whether method `name` drafts with a separate draft checkpoint (SpecConfig.model); False
+    for PLAIN. The one definition the CLI, the bench and the benchmarks ask."""
+    return name != PLAIN and method(name).takes_draft_model
 
 
 def takes_head(name: str) -> bool:
-    """Whether method `name` drafts with a head over the target's features (SpecConfig.model)."""
-    return method(name).takes_head
+    """Whether method `name` drafts with a head over the target's features (SpecConfig.model);
+    False for PLAIN."""
+    return name != PLAIN and method(name).takes_head
 
 
 def takes_model(name: str) -> bool:
-    """Whether method `name` needs SpecConfig.model (a draft checkpoint or a head)."""
-    return method(name).takes_model
+    """Whether method `name` needs SpecConfig.model (a draft checkpoint or a head); False for
+    PLAIN."""
+    return name != PLAIN and method(name).takes_model
 
 
 def head_method_names() -> tuple[str, ...]:
@@ -159,7 +203,8 @@ def method_names() -> tuple[str, ...]:
 
 
 def make_proposer(spec: SpecConfig, target: TargetInfo) -> Proposer:
-    """The drafter for spec.method."""
+    """The drafter for spec.method (spec checked and its defaults filled first)."""
+    spec = check_spec(spec)
     return method(spec.method).make(spec, target)
 
 
@@ -169,4 +214,91 @@ def make_model_free_proposer(spec: SpecConfig) -> Proposer:
     free = [name for name, m in _METHODS.items() if m.model_free]
     if spec.method not in free:
         raise ValueError(f"method {spec.method!r} drafts with a model; model-free methods: {free}")
+    spec = check_spec(spec)
     return method(spec.method).make(spec, cast(TargetInfo, None))
+
+
+def check_spec(spec: SpecConfig) -> SpecConfig:
+    """spec checked against its method's options, with their defaults filled in (a copy);
+    ValueError naming what is wrong and what is allowed: an unknown method, an option the method
+    would ignore, a missing draft, a k or tree out of range. Idempotent."""
+    traits = method(spec.method)  # ValueError listing the methods for an unknown name
+    given = [f for f in SelfDraftConfig.SPEC_FIELDS.values() if getattr(spec, f) is not None]
+    if given and not traits.drafts_with_own_layers:
+        _refuse(spec, given)
+    filled: dict[str, Any] = {}
+    tree = _check_tree(spec, traits, filled)
+    k = spec.num_speculative_tokens
+    limit = MAX_TREE_NODES if tree or traits.own_tree else MAX_SPECULATIVE_TOKENS
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
+        drafts_trees = traits.takes_tree or traits.own_tree
+        trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if drafts_trees else ""
+        raise ValueError(f"num_speculative_tokens must be an integer in "
+                         f"[1, {MAX_SPECULATIVE_TOKENS}]{trees}, got {k!r}")  # fmt: skip
+    if traits.takes_model and not spec.model:
+        raise ValueError(f"method {spec.method!r} needs model= (a draft checkpoint or hub "
+                         "id; for a head method, the head's directory)")  # fmt: skip
+    grafting = _check_grafting(spec, traits, tree)
+    looks_up = traits.takes_prompt_lookup or grafting
+    reads = {SuffixConfig: traits.takes_suffix, DraftModelConfig: traits.takes_model,
+             PromptLookupConfig: looks_up}  # fmt: skip
+    unused = [f for cls, read in reads.items() if not read for f in cls.SPEC_FIELDS.values()
+              if getattr(spec, f) is not None]  # fmt: skip
+    if unused:
+        _refuse(spec, unused)
+    if looks_up:
+        lookup = PromptLookupConfig.of(spec)
+        filled.update(prompt_lookup_min=lookup.min, prompt_lookup_max=lookup.max)
+    if traits.takes_suffix:
+        suffix = spec.suffix_config()
+        filled.update({field: getattr(suffix, name)
+                       for name, field in SuffixConfig.SPEC_FIELDS.items()})  # fmt: skip
+    changed = {k: v for k, v in filled.items() if getattr(spec, k) != v}
+    return replace(spec, **changed) if changed else spec
+
+
+def _refuse(spec: SpecConfig, unused: list[str]) -> None:
+    """Options the method would ignore are errors, never silently dropped."""
+    raise ValueError(
+        f"method {spec.method!r} does not use {', '.join(unused)}; drop "
+        f"{'it' if len(unused) == 1 else 'them'} or choose a method that does"
+    )
+
+
+def _check_tree(spec: SpecConfig, traits: Method, filled: dict[str, Any]) -> bool:
+    """Tree options only for methods that draft trees of that shape; tree_depth defaults to 6
+    with tree_topk >= 2. Returns whether spec asks for a tree."""
+    given = [f for f in ("tree_topk", "tree_depth") if getattr(spec, f) is not None]
+    if given and not traits.takes_tree:
+        shape = "trees of its own shape" if traits.own_tree else "chains only"
+        raise ValueError(
+            f"method {spec.method!r} drafts {shape} and does not use {', '.join(given)}"
+        )
+    tree = (spec.tree_topk or 1) > 1
+    if tree and spec.tree_depth is None:
+        filled["tree_depth"] = 6
+    if spec.tree_depth is not None and not tree:
+        raise ValueError("tree_depth needs tree_topk >= 2 (a chain's depth is "
+                         "num_speculative_tokens)")  # fmt: skip
+    return tree
+
+
+def _check_grafting(spec: SpecConfig, traits: Method, tree: bool) -> bool:
+    """prompt_lookup_tokens: an integer >= 1 below the node budget, for a method that grafts
+    lookups onto its trees, with a tree to graft onto. Returns whether it is on."""
+    n = spec.prompt_lookup_tokens
+    if n is None:
+        return False
+    if not traits.grafts_lookup:
+        raise ValueError(f"method {spec.method!r} does not graft prompt lookups onto trees; "
+                         "drop prompt_lookup_tokens")  # fmt: skip
+    if not tree:
+        raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
+    k = spec.num_speculative_tokens
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < k:
+        raise ValueError(
+            f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens - 1] "
+            f"(the tree keeps at least one node of its own), got {n!r} with "
+            f"num_speculative_tokens={k}"
+        )
+    return True

@@ -33,25 +33,6 @@ user turn of the model's chat template when it has one (verispec.drafters.skip_s
 takes any prompts, e.g. a workload's own, and SkipChoice.save stores its choice)."""
 
 
-def check_skip_option(value: object) -> tuple[int, ...] | None:
-    """SpecConfig.self_skip_layers: None, or distinct layer indices >= 0 (a tuple or list, any
-    order) as a sorted tuple; ValueError otherwise. The target's layer count is checked at load
-    (check_skip_layers)."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list | tuple)
-        or not value
-        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
-    ):
-        raise ValueError(f"self_skip_layers must be a non-empty list of layer indices "
-                         f"(integers >= 0), e.g. (10, 14, 20), or None to calibrate; got "
-                         f"{value!r}")  # fmt: skip
-    if len(set(value)) != len(value):
-        raise ValueError(f"self_skip_layers names a layer twice: {value!r}")
-    return tuple(sorted(value))
-
-
 def check_skip_layers(
     skip: Sequence[int], num_layers: int, where: str = "self_skip_layers"
 ) -> None:

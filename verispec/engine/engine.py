@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import replace
 
 import torch
 
@@ -20,24 +21,17 @@ from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.paged import PagedModel
-from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
+from verispec.models.weights.loader import (
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from verispec.sample.rejection import Verdict
 from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
+from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
-
-
-def resolve_device(device: str) -> torch.device:
-    """ "auto" = the first CUDA device when there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {device!r}") from e
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for but no CUDA device is available")
-    return resolved
 
 
 class Engine:
@@ -46,7 +40,9 @@ class Engine:
     def __init__(self, config: EngineConfig, progress: bool = False) -> None:
         """Load the model and tokenizer, size the KV cache, then set up speculation (drafter,
         prefix caching, adaptive policy) and the scheduler over them."""
-        self.config = config
+        spec = resolve_speculative(config.model, config.speculative,
+                                   runtime=DraftRuntime.of(config))  # fmt: skip
+        self.config = config = replace(config, speculative=spec)
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)

@@ -1,5 +1,6 @@
-"""Speculation's own logic, apart from the engine that runs it and the drafters that propose:
-the acceptance and step-cost model (cost.py) that the adaptive policy, self-speculation's
-calibration and the benchmarks share, the adaptive policy that chooses each step's draft
-counts from it (policy.py), and the start-up profiles of target steps that seed its costs
-(profiles.py). Imports nothing here, so any of its modules loads alone."""
+"""Speculation's own logic, between the drafters and the engine: resolve.py turns any spelling
+of a speculative request (None, "auto", a SpecConfig, its dict form, a model's own drafter named
+by method, with overrides) into the one fully resolved SpecConfig that runs; cost.py holds the
+acceptance and step-cost models that the adaptive policy, self-speculation's calibration and the
+benchmarks share; policy.py chooses each step's draft counts from them; profiles.py times the
+target's steps at start-up to seed those costs."""

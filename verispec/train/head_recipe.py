@@ -25,12 +25,12 @@ import torch
 
 from verispec.api.llm import LLM
 from verispec.api.sampling_params import SamplingParams
-from verispec.engine.engine import resolve_device
+from verispec.drafters.registry import HEAD_METHOD, head_method_names, method
 from verispec.models.config import ModelConfig
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.medusa import MedusaConfig, save_medusa_heads
 from verispec.models.paged import PagedModel
-from verispec.models.weights.loader import load_model, resolve_model_path
+from verispec.models.weights.loader import load_model, resolve_device, resolve_model_path
 from verispec.tokenizer import Tokenizer
 from verispec.train.corpus import corpus_files
 from verispec.train.distill import (
@@ -55,7 +55,7 @@ class HeadRecipe:
     """Everything that determines a trained head (change it and the weights change)."""
 
     target: str
-    kind: str = "eagle"
+    kind: str = HEAD_METHOD
     """eagle (one EAGLE-3 layer over fused features) or medusa (residual heads)."""
     medusa_heads: int = 4
     prompts: str = "chat"
@@ -80,15 +80,16 @@ class HeadRecipe:
     def __post_init__(self) -> None:
         if self.prompts not in ("chat", "code"):
             raise ValueError(f"prompts must be chat or code, got {self.prompts!r}")
-        if self.kind not in SAVERS:
-            raise ValueError(f"kind must be one of {', '.join(SAVERS)}, got {self.kind!r}")
+        if self.kind not in head_method_names():
+            raise ValueError(f"kind must be one of {', '.join(head_method_names())}, got "
+                             f"{self.kind!r}")  # fmt: skip
         if isinstance(self.train, dict):
             self.train = TrainConfig(**self.train)
         if self.feature_layers is not None:
             self.feature_layers = tuple(self.feature_layers)
 
 
-def recipe_for(target: str, kind: str = "eagle", prompts: str | None = None) -> HeadRecipe:
+def recipe_for(target: str, kind: str = HEAD_METHOD, prompts: str | None = None) -> HeadRecipe:
     """The default recipe for a target: chat prompts for a model with a chat template (the
     default SmolLM2), source-file prompts for a code model (the embedded one)."""
     if prompts is None:
@@ -186,7 +187,7 @@ def head_columns(recipe: HeadRecipe, target: ModelConfig) -> slice:
     """The stored feature columns the recipe's head reads."""
     layers = stored_layers(recipe, target)
     h = target.hidden_size
-    if recipe.kind == "medusa":
+    if not fuses_features(recipe):
         at = layers.index(target.num_layers)
         return slice(at * h, (at + 1) * h)
     n = len(EagleConfig.for_target(target, 1, recipe.feature_layers).feature_layers)
@@ -217,7 +218,7 @@ def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slic
     init = (weight if isinstance(weight, torch.Tensor) else target.embed)[draft_ids]
     columns = head_columns(recipe, target.config)
     torch.manual_seed(recipe.seed)
-    if recipe.kind == "medusa":
+    if not fuses_features(recipe):
         config = MedusaConfig(recipe.medusa_heads, target.config.hidden_size,
                               target.config.vocab_size, size)  # fmt: skip
         heads = TrainableMedusa(config, target.final_norm, target.config.rms_norm_eps, draft_ids,
@@ -227,7 +228,10 @@ def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slic
     return TrainableEagle(eagle, target.embed, draft_ids, lm_head_init=init), columns
 
 
-SAVERS = {"eagle": save_eagle_head, "medusa": save_medusa_heads}
+def fuses_features(recipe: HeadRecipe) -> bool:
+    """Whether the recipe's head reads several layers' features fused (EAGLE-3) rather than
+    the last layer's output (Medusa residual heads): a trait of its method in the registry."""
+    return method(recipe.kind).fuses_features
 
 
 def batch_maker(
@@ -295,7 +299,7 @@ def head_scores(
     ids, weights = soft_targets(model.get_buffer("to_draft"), batch["top_ids"],
                                 batch["top_probs"])  # fmt: skip
     features = batch["features"][..., columns]
-    if recipe.kind == "medusa":
+    if not fuses_features(recipe):
         return medusa_loss(model(features), ids, weights, batch["mask"])
     logits = model(batch["token_ids"], features, recipe.depths)
     return head_loss(logits, ids[:, 1:], weights[:, 1:], batch["mask"][:, 1:])
@@ -335,7 +339,8 @@ def _export(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.dev
     model, columns = build_head(recipe, run_dir)
     state = load_trained(model, run_dir / "head")
     out = run_dir / "export"
-    SAVERS[recipe.kind](model.config, model.state_for_export(), out)
+    save = save_eagle_head if fuses_features(recipe) else save_medusa_heads
+    save(model.config, model.state_for_export(), out)
     started = time.perf_counter()
     agreement = evaluate_head(model, recipe, columns, _records(run_dir / "heldout"))
     report = {

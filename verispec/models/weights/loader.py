@@ -144,6 +144,19 @@ def _download(repo_id: str) -> Path:
     )
 
 
+def resolve_device(device: str) -> torch.device:
+    """ "auto" = the first CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {device!r}") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but no CUDA device is available")
+    return resolved
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """ "auto" = float32 on the CPU (fast there), bfloat16 on an accelerator."""
     if isinstance(dtype, torch.dtype):
