@@ -34,6 +34,11 @@ from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path
 
 
+def _reads(option: type[Any], doc: str) -> property:
+    """A Method's trait: whether it reads the fields of the options class `option`."""
+    return property(lambda self: option in self.options, doc=doc)
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
     """A speculative method: how to build its drafter and which options classes it reads."""
@@ -51,41 +56,14 @@ class Method:
     """A head over several of the target's layers' features fused (EAGLE-3), not the last
     layer's output alone (Medusa); how `verispec train` builds and feeds it."""
 
-    @property
-    def takes_draft_model(self) -> bool:
-        """Drafts with a separate draft checkpoint (SpecConfig.model, .quantization)."""
-        return DraftModelConfig in self.options
-
-    @property
-    def takes_head(self) -> bool:
-        """Drafts with a head over the target's features (SpecConfig.model is its directory)."""
-        return HeadConfig in self.options
-
-    @property
-    def takes_prompt_lookup(self) -> bool:
-        """Reads SpecConfig.prompt_lookup_min / prompt_lookup_max."""
-        return PromptLookupConfig in self.options
-
-    @property
-    def takes_tree(self) -> bool:
-        """May draft a tree: reads SpecConfig.tree_topk / tree_depth."""
-        return TreeConfig in self.options
-
-    @property
-    def grafts_lookup(self) -> bool:
-        """May graft a prompt-lookup chain onto its trees (prompt_lookup_tokens)."""
-        return LookupGraftConfig in self.options
-
-    @property
-    def takes_suffix(self) -> bool:
-        """Reads SpecConfig.suffix_decoding_* (suffix decoding's tries and limits)."""
-        return SuffixConfig in self.options
-
-    @property
-    def drafts_with_own_layers(self) -> bool:
-        """Drafts with the target's own layers, some skipped (self_skip_layers,
-        self_calibration); no separate draft weights."""
-        return SelfDraftConfig in self.options
+    # Traits read off `options` (what each options class holds: config.py).
+    takes_draft_model = _reads(DraftModelConfig, "Drafts with a separate draft checkpoint.")
+    takes_head = _reads(HeadConfig, "Drafts with a head over the target's features.")
+    takes_prompt_lookup = _reads(PromptLookupConfig, "Reads the prompt-lookup n-gram bounds.")
+    takes_tree = _reads(TreeConfig, "May draft a tree of tree_topk / tree_depth.")
+    grafts_lookup = _reads(LookupGraftConfig, "May graft a prompt-lookup chain onto its trees.")
+    takes_suffix = _reads(SuffixConfig, "Reads suffix decoding's tries and limits.")
+    drafts_with_own_layers = _reads(SelfDraftConfig, "Drafts with the target's own layers.")
 
     @property
     def takes_model(self) -> bool:

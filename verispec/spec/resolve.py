@@ -75,27 +75,18 @@ def resolve_speculative(
     (adaptive off unless they say so). Example: ("embedded-code", "auto", {"num_speculative_
     tokens": 3}) == ("embedded-code", {"method": "draft_model", "num_speculative_tokens": 3})."""
     overrides = dict(overrides or {})
-    allowed = [f.name for f in fields(SpecConfig)]
-    unknown = [k for k in overrides if k not in allowed]
-    if unknown:
-        raise ValueError(f"unknown speculative option(s) {', '.join(map(repr, unknown))}; "
-                         f"allowed: {', '.join(allowed)}")  # fmt: skip
+    _check_keys(overrides, "unknown speculative option(s)")
     if isinstance(speculative, Mapping):
         speculative = spec_from_dict(speculative)
     if speculative is None:
-        if overrides:
-            raise ValueError(f"{', '.join(overrides)} given for plain decoding "
-                             "(speculative=None); drop them or choose a drafter")  # fmt: skip
+        _refuse_overrides(overrides, "given for plain decoding (speculative=None); drop them or "
+                          "choose a drafter")  # fmt: skip
         return None
-    if isinstance(speculative, str):
-        if speculative != "auto":
-            raise ValueError(f"speculative must be a SpecConfig, None or 'auto' (or a dict of "
-                             f"SpecConfig's fields); got {speculative!r}")  # fmt: skip
+    if speculative == "auto":
         own = default_drafter(model)
         if own is None:
-            if overrides:
-                raise ValueError(f"{', '.join(overrides)} need a drafter: {model!r} has none of "
-                                 "its own; give a method (and its draft or head)")  # fmt: skip
+            _refuse_overrides(overrides, f"need a drafter: {model!r} has none of its own; give a "
+                              "method (and its draft or head)")  # fmt: skip
             return None
         if not overrides:
             return _finish(replace(own, adaptive=True), runtime)
@@ -115,14 +106,23 @@ def spec_from_dict(options: Mapping[str, Any]) -> SpecConfig:
     >>> spec_from_dict({"method": "ngram", "num_speculative_tokens": 2}).num_speculative_tokens
     2
     """
+    _check_keys(options, "speculative has unknown key(s)")
+    return SpecConfig(**options)
+
+
+def _check_keys(options: Mapping[str, Any], problem: str) -> None:
+    """ValueError naming the keys of options that are no SpecConfig field, and the fields."""
     allowed = [f.name for f in fields(SpecConfig)]
     unknown = [k for k in options if k not in allowed]
     if unknown:
-        raise ValueError(
-            f"speculative has unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(allowed)}"
-        )
-    return SpecConfig(**options)
+        raise ValueError(f"{problem} {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(allowed)}")  # fmt: skip
+
+
+def _refuse_overrides(overrides: Mapping[str, Any], problem: str) -> None:
+    """ValueError when overrides were given where nothing drafts: they would be dropped."""
+    if overrides:
+        raise ValueError(f"{', '.join(overrides)} {problem}")
 
 
 def default_drafter(model: str | None) -> SpecConfig | None:
