@@ -1,6 +1,6 @@
 """`verispec verify` on a local engine: speculative requests against plain requests of the same
 engine (SamplingParams.speculative=False: 0 drafts, plain decoding) for greedy output, and
-against the target's exact distribution (verify/distribution.py) for sampling."""
+against the target's exact distribution (audit/distribution.py) for sampling."""
 
 from __future__ import annotations
 

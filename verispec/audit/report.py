@@ -222,7 +222,7 @@ class Report:
     def add(
         self, greedy: list[GreedyPrompt], sampling: list[SamplingPrompt], drafts: Drafts
     ) -> None:
-        """Take a check's evidence (verify/local_check.py or server_check.py: run)."""
+        """Take a check's evidence (audit/local_check.py or server_check.py: run)."""
         self.greedy, self.sampling = greedy, sampling
         self.draft_tokens, self.accepted_tokens = drafts.drafted, drafts.accepted
 

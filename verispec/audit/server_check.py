@@ -6,7 +6,7 @@ Greedy: token ids (`return_token_ids`) per prompt; a difference is weighed with 
 logprobs of the plain answer (`logprobs`). Sampling: the API reports at most the 20 likeliest
 tokens' logprobs, not the whole distribution, so the exact joint of the first two tokens
 cannot be built; speculative samples are compared with as many plain samples instead (a
-two-sample chi-square, verify/fit.py: compare), each side from distinct seeds."""
+two-sample chi-square, audit/fit.py: compare), each side from distinct seeds."""
 
 from __future__ import annotations
 
