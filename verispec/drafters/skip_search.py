@@ -36,7 +36,7 @@ import torch
 
 from verispec.models.attention import AttentionLayout
 from verispec.models.batch import ForwardBatch
-from verispec.models.llama import LlamaModel, decoder_layer, rms_norm
+from verispec.models.llama import LayerInputs, LlamaModel, decoder_layer, rms_norm
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.rope import rope_cos_sin
 from verispec.spec.cost import StepCostModel
@@ -146,7 +146,8 @@ class AgreementScorer:
                                                                 strict=True)]  # fmt: skip
         self.batch = ForwardBatch.build(chunks, BLOCK_SIZE, model.device)
         self.layout = AttentionLayout.build(self.batch, model.windows, model.batch_invariant)
-        self.cos, self.sin = rope_cos_sin(self.batch.positions, model.inv_freq, model.dtype)
+        cos, sin = rope_cos_sin(self.batch.positions, model.inv_freq, model.dtype)
+        self.inputs = LayerInputs(self.batch.slot_mapping, self.paged.kv, self.layout, cos, sin)
         final, self.streams = self._stack(self.batch, self.layout, range(len(model.layers) + 1))
         rows = final.index_select(0, self.batch.logits_indices)
         self.reference = model.logits(rows).argmax(dim=1)  # [positions] the target's argmax
@@ -187,8 +188,7 @@ class AgreementScorer:
         b, m = self.batch, self.model
         for i in range(first, len(m.layers)):
             if i not in skipped:
-                x = decoder_layer(m.config, i, m.layers[i], x, b.slot_mapping, self.paged.kv,
-                                  self.layout, self.cos, self.sin)  # fmt: skip
+                x = decoder_layer(m.config, i, m.layers[i], x, self.inputs)
         rows = rms_norm(x.index_select(0, b.logits_indices), m.final_norm, m.config.rms_norm_eps)
         same = (m.logits(rows).argmax(dim=1) == self.reference).tolist()
         out, at = [], 0

@@ -38,7 +38,13 @@ from verispec.models.head_files import read_head_dir, write_head_dir
 from verispec.models.kernels import native_layer
 from verispec.models.kernels.compiled import CompiledStack, check_compile
 from verispec.models.kernels.linear import Linear, pack_together
-from verispec.models.llama import DecoderLayer, LlamaModel, rms_norm, self_attention
+from verispec.models.llama import (
+    DecoderLayer,
+    LayerInputs,
+    LlamaModel,
+    rms_norm,
+    self_attention,
+)
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -250,8 +256,8 @@ class EagleHead:
         eps = self.config.rms_norm_eps
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim]
         x = self.layer_input(input_ids, feature)  # [T, 2 * hidden]
-        y = feature + self_attention(self.layer_config, 0, self.layer, x, slot_mapping, kv,
-                                     layout, cos, sin)  # fmt: skip
+        inputs = LayerInputs(slot_mapping, kv, layout, cos, sin)
+        y = feature + self_attention(self.layer_config, 0, self.layer, x, inputs)
         gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
         out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
         rows = out.index_select(0, logits_indices)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -149,12 +150,13 @@ class LlamaModel:
         """hidden_states after the layout is built: embed, every layer, final norm; the part
         `compile` traces into one graph (input_ids, positions, slot_mapping [T] each)."""
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim] each
+        inputs = LayerInputs(slot_mapping, kv, layout, cos, sin)
         x = self.embed.index_select(0, input_ids)  # [T, hidden]
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in feature_layers:
                 captured[i] = x
-            x = decoder_layer(self.config, i, layer, x, slot_mapping, kv, layout, cos, sin)
+            x = decoder_layer(self.config, i, layer, x, inputs)
         captured[len(self.layers)] = x
         return rms_norm(x, self.final_norm, self._eps), [captured[i] for i in feature_layers]
 
@@ -193,40 +195,38 @@ class LlamaModel:
         return self.config.rms_norm_eps
 
 
+class LayerInputs(NamedTuple):
+    """What every layer of one forward reads besides its residual stream: where the new keys
+    and values go, the paged cache, the attention layout and the rotary tables."""
+
+    slot_mapping: torch.Tensor
+    """[T] the cache slot of each new token."""
+    kv: KVCache
+    layout: AttentionLayout
+    cos: torch.Tensor
+    """[T, head_dim] (sin likewise)."""
+    sin: torch.Tensor
+
+
 def decoder_layer(
-    config: ModelConfig,
-    index: int,
-    layer: DecoderLayer,
-    x: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    kv: KVCache,
-    layout: AttentionLayout,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    config: ModelConfig, index: int, layer: DecoderLayer, x: torch.Tensor, inputs: LayerInputs
 ) -> torch.Tensor:
     """The residual stream x [T, hidden] through layer `index` (its keys and values written at
     kv layer `index`): x + attention(norm(x)), then + MLP(norm(.))."""
     eps = config.rms_norm_eps
     normed = rms_norm(x, layer.input_norm, eps)
-    x = x + self_attention(config, index, layer, normed, slot_mapping, kv, layout, cos, sin)
+    x = x + self_attention(config, index, layer, normed, inputs)
     h = layer.gate_up(rms_norm(x, layer.post_norm, eps))  # [T, 2 * inter]
     gate, up = h.chunk(2, dim=-1)
     return x + layer.down(F.silu(gate) * up)
 
 
 def self_attention(
-    config: ModelConfig,
-    index: int,
-    layer: DecoderLayer,
-    x: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    kv: KVCache,
-    layout: AttentionLayout,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    config: ModelConfig, index: int, layer: DecoderLayer, x: torch.Tensor, inputs: LayerInputs
 ) -> torch.Tensor:
     """Self-attention of layer `index` for its normed input x [T, in] -> [T, hidden]: project,
     rotate, write the new keys/values into kv, attend over the paged cache, project back."""
+    slot_mapping, kv, layout, cos, sin = inputs
     c = config
     num_tokens = x.shape[0]
     qk_heads = c.num_heads + c.num_kv_heads
