@@ -129,8 +129,8 @@ class SpecConfig:
     times inputs rounded to 8-bit blocks), or "auto": for a draft model w8a8 where the native
     kernel runs it on AVX-512 VNNI, else as stored (quantization.draft_quantization; heads as
     stored), resolved to one of those by resolve_speculative. A named model's own draft runs
-    "auto". Never affects the output, only how often
-    drafts are accepted and how fast the draft runs."""
+    "auto". Never affects the output, only how often drafts are accepted and how fast the draft
+    runs."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
     num_speculative_tokens tokens."""
@@ -166,7 +166,6 @@ class SpecConfig:
     written after calibrating, so only the first run calibrates (SkipChoice.save writes one
     from your own prompts: drafters/skip_search.py)."""
 
-
     def __post_init__(self) -> None:
         """Checks the fields on their own; num_speculative_tokens's range, and which options
         the method reads, are its method's (drafters/registry.py, check_spec)."""
@@ -184,10 +183,8 @@ class SpecConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
             PromptLookupConfig.of(self)  # the bounds, one of them defaulted
-        given = {name: value for name, value in _options(self, SuffixConfig).items()
-                 if value is not None}  # fmt: skip
         try:
-            SuffixConfig(**given)
+            self.suffix_config()
         except ValueError as e:
             raise ValueError(f"suffix_decoding_{e}") from None
         self.self_skip_layers = SelfDraftConfig.of(self).skip_layers
@@ -195,17 +192,12 @@ class SpecConfig:
     def options(self, cls: type[Any]) -> Any:
         """The options of one kind (a class of this module with SPEC_FIELDS) that this
         configuration gives, as that class; their defaults fill fields left None."""
-        return cls(**{name: value for name, value in _options(self, cls).items()
-                      if value is not None})  # fmt: skip
+        given = {name: getattr(self, spec_field) for name, spec_field in cls.SPEC_FIELDS.items()}
+        return cls(**{name: value for name, value in given.items() if value is not None})
 
     def suffix_config(self) -> SuffixConfig:
         """The suffix_decoding_* options as the suffix drafter's SuffixConfig."""
         return self.options(SuffixConfig)
-
-
-def _options(spec: SpecConfig, cls: type[Any]) -> dict[str, Any]:
-    """{option field: the SpecConfig field's value} for an options class."""
-    return {name: getattr(spec, spec_field) for name, spec_field in cls.SPEC_FIELDS.items()}
 
 
 @dataclass(frozen=True, slots=True)

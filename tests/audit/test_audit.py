@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair
+from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair, write_jsonl
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.report import DIFFERS, IDENTICAL, NEAR_TIE, greedy_prompt
 from verispec.cli.main import main
@@ -35,9 +35,7 @@ def far_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path,
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("verify-prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
-                            for i, p in enumerate(PROMPTS)))  # fmt: skip
-    return path
+    return write_jsonl(path, ({"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)))
 
 
 def verify(pair: tuple[Path, Path], prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair
+from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair, write_jsonl
 from tests.helpers.chat import with_chat_template
 from verispec import LLM, SpecConfig
 from verispec.audit.client import ServerClient, ServerError
@@ -47,16 +47,13 @@ def server(sharp_pair: tuple[Path, Path]) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def chat_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("verify-serve-prompts") / "chat.jsonl"
-    path.write_text("".join(json.dumps({"id": f"chat{i}", "messages": m}) + "\n"
-                            for i, m in enumerate(MESSAGES)))  # fmt: skip
-    return path
+    return write_jsonl(path, ({"id": f"chat{i}", "messages": m} for i, m in enumerate(MESSAGES)))
 
 
 @pytest.fixture(scope="module")
 def text_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("verify-serve-prompts") / "text.jsonl"
-    path.write_text(json.dumps({"prompt": "class Point:"}) + "\n")
-    return path
+    return write_jsonl(path, [{"prompt": "class Point:"}])
 
 
 def verify(server: Server, prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:

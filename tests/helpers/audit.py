@@ -1,8 +1,10 @@
 """Shared by the audit tests (`verispec verify` and its server check): a sharp target with a
-noisy draft, and a broken greedy verifier the audit must catch."""
+noisy draft, a broken greedy verifier the audit must catch, and prompt files."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,9 @@ def accept_every_greedy_draft(logits: torch.Tensor, drafts: list[list[int]]) -> 
         token_ids.append([*d, target[start + len(d)]])
         start += len(d) + 1
     return Verdict(token_ids=token_ids, num_accepted=[len(d) for d in drafts])
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
+    """A prompts file as `verispec verify --prompts` reads it: one JSON object a line."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

@@ -27,7 +27,6 @@ VERIFY_REPEATS = {"quick": 3, "full": 10}
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the options ask for: the quick preset or the full defaults, then any
     explicit option on top; default models are the embedded pair."""
-
     import torch
 
     from verispec.models.kernels.quantization import from_draft_flag

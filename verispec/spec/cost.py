@@ -36,8 +36,8 @@ MIN_STEPS = 3
 CHECK_WINDOW = 16
 """Recent decode steps, drafting and not, whose measured / predicted times calibrate drafts."""
 VERIFY_COST_PER_TOKEN = 0.1
-"""A verify forward of k + 1 tokens costs 1 + 0.1 k decode steps: SmolLM2-135M on a 2-core CPU
-took 1.66 decode steps for 8 tokens (benchmarks/README.md, issue 14's table)."""
+"""A verify forward of k + 1 tokens costs 1 + VERIFY_COST_PER_TOKEN k decode steps (fitted to
+SmolLM2-135M's measured verify costs on a 2-core CPU: benchmarks/README.md)."""
 
 
 def expected_accepted(alpha: float, depth: int) -> float:
@@ -115,14 +115,9 @@ class StepCostModel:
 
     @classmethod
     def of(cls, model: LlamaModel) -> StepCostModel:
-        """The model's weight shares: LM head against the layers' linear weights."""
-        head = model.lm_head.out_features * model.lm_head.in_features
-        layers = sum(
-            lin.out_features * lin.in_features
-            for layer in model.layers
-            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
-        return cls(head / (head + layers), len(model.layers))
+        """The model's weight shares: LM head (the last of model.linears()) against all."""
+        sizes = [lin.out_features * lin.in_features for lin in model.linears()]
+        return cls(sizes[-1] / sum(sizes), len(model.layers))
 
     def draft(self, kept: int) -> float:
         """One draft step's cost when it keeps `kept` layers.

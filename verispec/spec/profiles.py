@@ -66,13 +66,15 @@ def facts(
     max_model_len: int,
 ) -> dict[str, object]:  # fmt: skip
     """What a target step's cost depends on: the model's files, the settings that change its
-    kernels, the step limit, threads, CPU model, torch and the native library built."""
+    kernels, the step limit, threads, CPU model, torch and the native library built; and how
+    the profile was timed (PROFILE_RUNS), so one timed otherwise is not reused."""
     c = config
     return {
         "model": files_key(model_path), "dtype": str(dtype), "device": str(device),
         "linear_backend": c.linear_backend, "quantization": c.quantization,
         "batch_invariant": c.batch_invariant, "compile": c.compile,
         "limit": min(c.max_num_batched_tokens, max_model_len - 1, PROFILE_TOKENS),
+        "runs": PROFILE_RUNS,
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
         "kernel": kernel_key(),
     }  # fmt: skip
