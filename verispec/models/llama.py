@@ -58,12 +58,17 @@ class LlamaModel:
         final_norm: torch.Tensor,
         lm_head: Linear,
         batch_invariant: bool = False,
+        vocab_ids: torch.Tensor | None = None,
     ) -> None:
         self.config = config
         self.embed = embed  # [vocab, hidden]
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
         self.lm_head = lm_head
+        self.vocab_ids = vocab_ids
+        """[N] int64, ascending: the token id each row of lm_head scores, where the head covers
+        a reduced vocabulary (a draft's: loader.build_model cuts it); None = row i scores
+        token i. The embedding table stays whole: the model reads any token."""
         self.dtype = embed.dtype
         self.device = embed.device
         self.inv_freq = inverse_frequencies(
@@ -105,7 +110,7 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Write the new tokens' keys/values into kv and return logits [L, vocab] float32
-        for the rows in batch.logits_indices."""
+        for the rows in batch.logits_indices (vocab: lm_head's rows, see vocab_ids)."""
         if self.native is not None and native_layer.can_fold_head(self):
             x = self.embed.index_select(0, batch.input_ids)  # [T, hidden]
             return self.native.logits(batch, kv, x, self.lm_head)
@@ -169,7 +174,7 @@ class LlamaModel:
         windows = [layer.window for layer in keep] if self.config.sliding_windows else []
         config = replace(self.config, num_layers=len(keep), sliding_windows=windows)
         return LlamaModel(config, self.embed, keep, self.final_norm, self.lm_head,
-                          self.batch_invariant)  # fmt: skip
+                          self.batch_invariant, self.vocab_ids)  # fmt: skip
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the decoder stack through torch.compile from now on (models/kernels/compiled.py).

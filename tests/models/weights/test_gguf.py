@@ -125,6 +125,22 @@ def test_quantized_blocks_run_as_their_codes(case: Case) -> None:
         }
 
 
+def test_a_head_cut_to_vocab_ids_packs_those_rows_only(case: Case) -> None:
+    """A reduced head (a draft's) is cut from the file's codes before packing, in the same
+    format (a tied head: from the embedding table's blocks, the table left whole on disk), and
+    scores what the whole head scores at those ids."""
+    ids = torch.tensor([0, 1, 2, *range(5, 320, 3)])  # 108 ids: not a multiple of 16 rows
+    cut = load_model(case.path, torch.float32, CPU, vocab_ids=ids)
+    head, whole = cut.lm_head, case.ours.lm_head
+    assert head.out_features == len(ids) and head.kernel == whole.kernel
+    if head.kernel == "native":
+        assert (head.packed.format, head.packed.out_features) == (whole.packed.format, len(ids))
+    assert type(cut.embed) is type(case.ours.embed) and cut.embed.shape == case.ours.embed.shape
+    tokens = random_ids(20, case.source.config.vocab_size, seed=4)
+    expected = Runner(case.ours).prefill(tokens, num_logits=20)[:, ids]
+    assert_close(Runner(cut).prefill(tokens, num_logits=20), expected, atol=1e-5, rtol=0)
+
+
 def test_config_comes_from_the_metadata(case: Case) -> None:
     hf, ours = case.source.config, case.ours.config
     assert ours.architecture == type(case.source).__name__

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.testing import assert_close
 
 from tests.helpers.harness import Runner, native_model, random_ids
 from verispec.models.kernels.backends import choose_backend
@@ -25,6 +26,36 @@ def test_sharded_checkpoint_loads_like_the_single_file(family_checkpoint, tmp_pa
     ids = random_ids(12, hf_model.config.vocab_size, seed=7)
     expected = Runner(native_model(path)).prefill(ids, num_logits=12)
     assert torch.equal(Runner(sharded).prefill(ids, num_logits=12), expected)
+
+
+VOCAB_IDS = torch.tensor([0, 1, 2, *range(40, 320, 7)])
+"""A reduced vocabulary of the 320-token checkpoints: 43 ids, not a multiple of 16 rows."""
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])  # auto: the native kernel where it runs
+def test_a_head_cut_to_vocab_ids_scores_those_ids(family_checkpoint, backend: str) -> None:
+    """The LM head keeps the rows of vocab_ids only (a tied head too, its embedding table
+    whole): logits [n, N] are the whole head's at those ids."""
+    path, _ = family_checkpoint
+    whole = load_model(path, torch.float32, CPU, backend)
+    cut = load_model(path, torch.float32, CPU, backend, vocab_ids=VOCAB_IDS)
+    assert cut.lm_head.out_features == len(VOCAB_IDS) and whole.vocab_ids is None
+    assert torch.equal(cut.vocab_ids, VOCAB_IDS) and torch.equal(cut.embed, whole.embed)
+    ids = random_ids(12, 320, seed=3)
+    expected = Runner(whole).prefill(ids, num_logits=12)[:, VOCAB_IDS]
+    assert_close(Runner(cut).prefill(ids, num_logits=12), expected, atol=1e-5, rtol=0)
+    skipped = cut.without_layers([0])  # self-speculation's view keeps the reduced head
+    assert skipped.lm_head is cut.lm_head and skipped.vocab_ids is cut.vocab_ids
+
+
+@pytest.mark.parametrize(
+    "ids", [[0, 2, 1], [0, 1, 1], [0, 320], [-1, 5], [], [0.0, 1.0]],
+    ids=["unsorted", "repeated", "past-the-end", "negative", "empty", "float"],
+)  # fmt: skip
+def test_bad_vocab_ids_are_refused(llama_checkpoint, ids: list) -> None:
+    with pytest.raises(ValueError, match=r"vocabulary ids must be distinct token ids in "
+                       r"ascending order within \[0, 320\)"):  # fmt: skip
+        load_model(llama_checkpoint, torch.float32, CPU, vocab_ids=torch.tensor(ids))
 
 
 def test_missing_directory(tmp_path) -> None:

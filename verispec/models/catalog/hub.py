@@ -79,6 +79,9 @@ class NamedModel:
     """Which embedded checkpoint ("target" or "draft") when the model ships inside verispec."""
     draft: str | None = None
     """The named draft model trained for it, if any (its default drafter)."""
+    draft_vocab_size: int | None = None
+    """Token ids that draft's LM head keeps when it drafts for this model (SpecConfig's
+    draft_vocab_size; None = the whole vocabulary): set only where measured faster."""
     head: str | None = None
     """The EAGLE head trained for it (a directory in models/embedded/heads/, also loadable by
     this name)."""

@@ -79,6 +79,12 @@ class AffineCodes:
     """d's and m's factors as a GGUF Q4_K or Q6_K file stores them, when the codes came from
     one."""
 
+    def rows(self, index: torch.Tensor) -> AffineCodes:
+        """The codes of rows index [R] only (e.g. an LM head cut to a reduced vocabulary
+        before it is packed), their d, m and the file's factors with them."""
+        factors = None if self.super_scales is None else self.super_scales.rows(index)
+        return AffineCodes(self.codes[index], self.d[index], self.m[index], self.group, factors)
+
     @property
     def four_bit(self) -> bool:
         """Every code in 0..15 (GGUF Q4_1, Q4_K blocks): the kernel then stores two a byte."""

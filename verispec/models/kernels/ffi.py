@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -63,7 +63,7 @@ def _declare_layer_functions(lib: ctypes.CDLL) -> None:
                                            ctypes.c_float, ctypes.c_int, p, p, i64,
                                            p]  # fmt: skip
     lib.verispec_decoder_stack.restype = None
-    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 8,
+    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 9,
                                           *[i64] * 7, ctypes.c_float, ctypes.c_int, p]  # fmt: skip
     lib.verispec_greedy_steps.restype = None
 

@@ -69,6 +69,8 @@ class NativeModel(Protocol):
     @property
     def lm_head(self) -> Linear: ...
     @property
+    def vocab_ids(self) -> torch.Tensor | None: ...
+    @property
     def native(self) -> NativeStack | None: ...
     @property
     def compiled(self) -> object: ...
@@ -244,10 +246,11 @@ def greedy_steps(
 ) -> list[list[int]]:  # fmt: skip
     """Greedy drafting in one native call (layer.c's verispec_greedy_steps): len(slots) steps
     of one token per sequence, fed first[i], then each step's argmax over the first `limit`
-    logits, at positions[i] + step and KV slot slots[step][i] (reserved in tables[i], sequence
-    i's block table). Returns the argmaxes [steps][sequences]: the tokens a loop of forwards
-    and argmax_rows would draft, bit for bit the same logits, without Python between steps.
-    Needs can_step_greedily(model)."""
+    rows of the head's logits, as a token id through model.vocab_ids where the head covers a
+    reduced vocabulary, at positions[i] + step and KV slot slots[step][i] (reserved in
+    tables[i], sequence i's block table). Returns the token ids [steps][sequences]: those a
+    loop of forwards and argmax_rows would draft, bit for bit the same logits, without Python
+    between steps. Needs can_step_greedily(model)."""
     stack, head = cast(NativeStack, model.native), model.lm_head
     kernel, c, num_layers, seqs = loaded(), model.config, len(stack.layers), len(first)
     steps = len(slots)
@@ -265,7 +268,7 @@ def greedy_steps(
     kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
     kernel.lib.verispec_greedy_steps(
         kernel.isa, stack.layers, num_layers, kc, vc, model.embed.data_ptr(),
-        ctypes.byref(_linear(head)), limit, stack.final_norm.data_ptr(),
+        ctypes.byref(_linear(head)), limit, _ptr(model.vocab_ids), stack.final_norm.data_ptr(),
         (ctypes.c_void_p * num_layers)(), first_t.data_ptr(), positions_t.data_ptr(),
         stack.inv_freq.data_ptr(), slots_t.data_ptr(), ctypes.byref(keys), ctx.data_ptr(), steps,
         seqs, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
@@ -289,9 +292,12 @@ def can_fold_head(model: NativeModel) -> bool:
 
 def can_step_greedily(model: NativeModel) -> bool:
     """Whether greedy_steps can run this model: the head folds in (can_fold_head), no
-    sliding window (the steps apply causal order only), a contiguous embedding table."""
+    sliding window (the steps apply causal order only), a contiguous embedding table, and a
+    reduced vocabulary's ids (if any) as int64 that C can read."""
+    ids = model.vocab_ids
     return (
         can_fold_head(model)
         and cast(NativeStack, model.native).windows == [None]
         and model.embed.is_contiguous()
+        and (ids is None or (ids.dtype == torch.int64 and ids.is_contiguous()))
     )

@@ -184,10 +184,11 @@ class BlockEmbedding:
         ids = torch.as_tensor(ids)
         return self.index_select(0, ids.reshape(-1)).view(*ids.shape, self.shape[1])
 
-    def codes(self) -> AffineCodes:
-        """The table's affine codes (an LM head tied to it packs these)."""
-        rows, columns = self.shape
-        return block_codes(np.asarray(self.blocks), self.kind, rows, columns)
+    def codes(self, rows: torch.Tensor | None = None) -> AffineCodes:
+        """The table's affine codes (an LM head tied to it packs these): of rows [R] only
+        when given (a head over a reduced vocabulary decodes only its own rows)."""
+        blocks = np.asarray(self.blocks) if rows is None else self.blocks[rows.cpu().numpy()]
+        return block_codes(blocks, self.kind, len(blocks), self.shape[1])
 
     def is_contiguous(self) -> bool:
         """False: there is no float32 table to point native code at."""

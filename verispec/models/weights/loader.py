@@ -179,6 +179,7 @@ def load_model(
     batch_invariant: bool = False,
     quantization: str | None = None,
     compile: bool = False,
+    vocab_ids: torch.Tensor | None = None,
 ) -> LlamaModel:
     """Build a LlamaModel from a checkpoint directory's config.json and safetensors files, or
     from a GGUF file, read one tensor at a time from the file itself: on a float32 CPU model its
@@ -187,7 +188,8 @@ def load_model(
 
     quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
     included; the embedding table stays as stored. compile runs the decoder stack through
-    torch.compile (models/kernels/compiled.py).
+    torch.compile (models/kernels/compiled.py). vocab_ids: keep only these rows of the LM head
+    (build_model).
     """
     check_quantization(quantization)
     check_compile(compile, batch_invariant)
@@ -203,7 +205,8 @@ def load_model(
         config = ModelConfig.from_file(path / "config.json")
         weights = _read_safetensors(path, dtype, device, progress)
         source = f"checkpoint {path}"
-    model = build_model(config, weights, backend, batch_invariant, quantization, source)
+    model = build_model(config, weights, backend, batch_invariant, quantization, source,
+                        vocab_ids)  # fmt: skip
     if compile:
         model.compile()
     return model
@@ -216,11 +219,14 @@ def build_model(
     batch_invariant: bool = False,
     quantization: str | None = None,
     source: str = "checkpoint",
+    vocab_ids: torch.Tensor | None = None,
 ) -> LlamaModel:
     """A LlamaModel from Hugging Face tensor names -> weights (consumed: float tensors, or a
     GGUF file's codes and embedding blocks); backend as returned by choose_backend. Every
     weight's shape is checked against the config here, at load time. source names the weights
-    in error messages."""
+    in error messages. vocab_ids [N] (ascending token ids): the LM head keeps those rows only,
+    cut before it is packed (a draft's reduced vocabulary: logits [n, N], LlamaModel.vocab_ids);
+    a tied embedding table stays whole."""
     shapes = config.tensor_shapes()
 
     def linear(weight: Weight, bias: torch.Tensor | None) -> Linear:
@@ -267,12 +273,41 @@ def build_model(
     if head is None:
         if not config.tie_word_embeddings:
             raise ValueError(f"{source} lacks tensor 'lm_head.weight'")
-        head = embed.codes() if isinstance(embed, BlockEmbedding) else embed
+        head = embed
+    if vocab_ids is not None:
+        check_vocab_ids(vocab_ids, config.vocab_size, source)
+        head = head_rows(head, vocab_ids)
+        vocab_ids = vocab_ids.to(embed.device, torch.int64).contiguous()
+    elif isinstance(head, BlockEmbedding):
+        head = head.codes()
     final_norm = take("model.norm.weight")
     lm_head = linear(head, None)
     pack_together([lin for la in layers for lin in (la.qkv, la.o, la.gate_up, la.down)] + [lm_head])
     release_freed_memory()
-    return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant)
+    return LlamaModel(config, embed, layers, final_norm, lm_head, batch_invariant, vocab_ids)
+
+
+def head_rows(weight: Weight, ids: torch.Tensor) -> torch.Tensor | AffineCodes:
+    """Rows ids [N] of an LM head's weight, in the form it packs from: float rows, or the
+    codes of those rows only (a GGUF file's, or its embedding table's blocks decoded row by
+    row), so the packed head never holds the other rows."""
+    if isinstance(weight, AffineCodes):
+        return weight.rows(ids.cpu())
+    if isinstance(weight, BlockEmbedding):
+        return weight.codes(ids)
+    return weight.index_select(0, ids.to(weight.device))
+
+
+def check_vocab_ids(ids: torch.Tensor, vocab_size: int, source: str) -> None:
+    """A reduced vocabulary's ids: a non-empty 1-D integer tensor, strictly ascending (so the
+    first largest logit is the lowest id, as over the whole vocabulary), within the vocabulary."""
+    valid = (
+        ids.dim() == 1 and len(ids) > 0 and ids.dtype in (torch.int32, torch.int64)
+        and int(ids[0]) >= 0 and int(ids[-1]) < vocab_size and bool((ids.diff() > 0).all())
+    )  # fmt: skip
+    if not valid:
+        raise ValueError(f"{source}: the LM head's vocabulary ids must be distinct token ids in "
+                         f"ascending order within [0, {vocab_size}), got {ids!r}")  # fmt: skip
 
 
 def weight_shape(weight: Weight) -> tuple[int, ...]:

@@ -638,7 +638,10 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
 
 /* Greedy drafting in one call: `steps` forwards of one new token per sequence, each token the
  * previous forward's argmax over the first `limit` logits (its first largest value, a NaN
- * counting as largest, as numpy's argmax). first [seqs]: the tokens the first forward feeds;
+ * counting as largest, as numpy's argmax), mapped through ids when not NULL: a head over a
+ * reduced vocabulary has row j score token ids[j] (ascending, so the first largest row is the
+ * lowest such id, as an argmax over the whole vocabulary with the other ids at -inf finds it);
+ * NULL: row j scores token j. first [seqs]: the tokens the first forward feeds;
  * sequence i's token of step s sits at position positions[i] + s and KV slot
  * slots[s * seqs + i]; keys (no masks; tables holding every slot's block) describe the first
  * step, and ctx, the array keys->ctx points at, grows by one a step with keys->max_ctx. out
@@ -648,8 +651,9 @@ void verispec_decoder_stack(int isa, const Layer *layers, int64_t num_layers, fl
  * costs about a third of a small draft model's step. */
 void verispec_greedy_steps(int isa, const Layer *layers, int64_t num_layers, float *const *kc,
                            float *const *vc, const float *embed, const Linear *head,
-                           int64_t limit, const float *final_norm, float *const *captured,
-                           const int64_t *first, const int64_t *positions, const float *inv_freq,
+                           int64_t limit, const int64_t *ids, const float *final_norm,
+                           float *const *captured, const int64_t *first,
+                           const int64_t *positions, const float *inv_freq,
                            const int64_t *slots, Keys *keys, int64_t *ctx, int64_t steps,
                            int64_t seqs, int64_t hidden, int64_t heads, int64_t kv_heads,
                            int64_t dim, int64_t inter, float eps, int threads, int64_t *out) {
@@ -678,7 +682,7 @@ void verispec_greedy_steps(int isa, const Layer *layers, int64_t num_layers, flo
         }
         if (row[j] > row[best]) best = j;
       }
-      out[s * seqs + i] = best;
+      out[s * seqs + i] = ids ? ids[best] : best;
       ctx[i] += 1;
     }
     keys->max_ctx += 1;

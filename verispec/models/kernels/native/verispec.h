@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 4
+#define VERISPEC_ABI_VERSION 5
 
 /* What a packed weight holds (packing.py's packers lay each one out). */
 enum verispec_weight_format {
