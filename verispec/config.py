@@ -131,6 +131,12 @@ class SpecConfig:
     stored), resolved to one of those by resolve_speculative. A named model's own draft runs
     "auto". Never affects the output, only how often drafts are accepted and how fast the draft
     runs."""
+    draft_vocab_size: int | None = None
+    """draft_model: the draft's LM head keeps only this many token ids (FR-Spec): every
+    special, chat-template and byte token, then the most frequent in a sample of text
+    (drafters/draft_vocab.py), so each draft step reads a fraction of the head. The draft never
+    proposes another token; the target's verification still gives its exact output. None = the
+    whole vocabulary (as does the vocabulary's own size)."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
     num_speculative_tokens tokens."""
@@ -183,6 +189,7 @@ class SpecConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
             PromptLookupConfig.of(self)  # the bounds, one of them defaulted
+        self.options(DraftModelConfig)  # draft_vocab_size's range
         try:
             self.suffix_config()
         except ValueError as e:
@@ -202,12 +209,24 @@ class SpecConfig:
 
 @dataclass(frozen=True, slots=True)
 class DraftModelConfig:
-    """A draft model's options: its checkpoint and how its weights are rounded."""
+    """A draft model's options: its checkpoint, how its weights are rounded, and how much of
+    the vocabulary its LM head keeps."""
 
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization"}
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization",
+                                             "draft_vocab_size": "draft_vocab_size"}  # fmt: skip
     model: str = ""
     """Draft checkpoint directory, GGUF file, named model or hub id."""
     quantization: str | None = None
+    draft_vocab_size: int | None = None
+    """Token ids the draft's head keeps (SpecConfig.draft_vocab_size); None = all. Its upper
+    bound, the vocabulary, is checked at load (drafters/draft_vocab.py)."""
+
+    def __post_init__(self) -> None:
+        size = self.draft_vocab_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"draft_vocab_size must be an integer >= 1 (the token ids the draft's "
+                             f"LM head keeps) or None for the whole vocabulary, got "
+                             f"{size!r}")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

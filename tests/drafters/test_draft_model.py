@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from tests.helpers.checkpoints import CORPUS, SPEC_PAIRS, make_checkpoint
-from tests.helpers.drafting import check_caches
+from tests.helpers.drafting import check_caches, small_vocab_sample
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine.request import Request
@@ -39,9 +39,22 @@ def random_prompts(n: int, seed: int, lo: int = 3, hi: int = 20) -> list[list[in
     return [[0, *torch.randint(3, 320, (m,), generator=g).tolist()] for m in lengths]
 
 
-def draft_llm(target: Path, draft: Path, k: int = 4, **engine: Any) -> LLM:
-    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=k)
+def draft_llm(
+    target: Path, draft: Path, k: int = 4, draft_vocab_size: int | None = None, **engine: Any
+) -> LLM:
+    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=k,
+                      draft_vocab_size=draft_vocab_size)  # fmt: skip
     return LLM(model=str(target), speculative=spec, **engine)
+
+
+REDUCED = 270
+"""A reduced draft vocabulary of the 320-token pairs: their 259 special and byte tokens and the
+11 most frequent merges; the targets' greedy outputs hold many of the 50 left out."""
+
+
+@pytest.fixture
+def vocab_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small_vocab_sample(monkeypatch, tmp_path / "cache")
 
 
 # KV caches after rollback
@@ -85,17 +98,26 @@ def test_kv_caches_match_a_fresh_prefill_after_every_step(spec_pair, case: tuple
 
 
 @LLAMA
-def test_greedy_steps_in_one_call_draft_what_the_loop_drafts(spec_pair, monkeypatch) -> None:
+@pytest.mark.parametrize("draft_vocab_size", [None, REDUCED], ids=["whole", "reduced"])
+@pytest.mark.usefixtures("vocab_sample")
+def test_greedy_steps_in_one_call_draft_what_the_loop_drafts(
+    spec_pair, monkeypatch, draft_vocab_size: int | None
+) -> None:
     """Greedy requests take every draft step after the first in one native call
     (native_layer.greedy_steps): the drafts of each step, the output and the acceptance are
-    those of the loop of forwards, and the KV cache checks above hold after every step."""
+    those of the loop of forwards, and the KV cache checks above hold after every step; with a
+    reduced head too (its argmax row mapped to a token id before it is fed back)."""
     target, draft = spec_pair
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
+    kept: list[int] = []  # the reduced head's ids
+
     def run(one_call: bool) -> tuple[list, list, int, int]:
-        llm = draft_llm(target, draft, k=5, max_num_seqs=2)
+        llm = draft_llm(target, draft, k=5, draft_vocab_size=draft_vocab_size, max_num_seqs=2)
         proposer = llm.engine.proposer
         assert can_step_greedily(proposer.model), "the tiny draft runs the native stack"
+        if proposer.model.vocab_ids is not None:
+            kept[:] = proposer.model.vocab_ids.tolist()
         drafted: list[list[list[int]]] = []
         taken = [0]
         propose, step_greedily = proposer.propose, proposer._step_greedily
@@ -124,6 +146,49 @@ def test_greedy_steps_in_one_call_draft_what_the_loop_drafts(spec_pair, monkeypa
     one_call, loop = run(True), run(False)
     assert one_call[3] > 0, "the one-call path never ran"
     assert one_call[:3] == loop[:3]
+    if draft_vocab_size is not None:  # drafts come from the kept ids only, some beyond row 270
+        drafted = {t for step in one_call[0] for d in step for t in d}
+        assert len(kept) == draft_vocab_size
+        assert drafted <= set(kept) and max(drafted) >= draft_vocab_size
+
+
+# A reduced draft vocabulary
+
+
+@pytest.mark.usefixtures("vocab_sample")
+def test_reduced_vocabulary_keeps_greedy_output(spec_pair) -> None:
+    """The draft's head keeps REDUCED rows (its embedding all 320: it reads any token) and
+    drafts only those ids; the target's greedy tokens outside them are always rejected drafts,
+    recovered by the verifier, so the output is still plain decoding's (tied embeddings in the
+    qwen2 pair)."""
+    target, draft = spec_pair
+    prompts = [*random_prompts(4, seed=15), *CORPUS[:2]]
+    ref = LLM(model=str(target), batch_invariant=True).generate(prompts, GREEDY)
+    llm = draft_llm(target, draft, draft_vocab_size=REDUCED, batch_invariant=True)
+    model = llm.engine.proposer.model
+    assert model.lm_head.out_features == REDUCED and model.embed.shape[0] == 320
+    ids = set(model.vocab_ids.tolist())
+    outside = [t for r in ref for t in r.token_ids if t not in ids]
+    assert len(outside) >= 5, "the target never needs a token the draft lacks"
+    out = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in out] == [r.token_ids for r in ref]
+    stats = llm.engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@LLAMA
+@pytest.mark.usefixtures("vocab_sample")
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [(321, "draft_vocab_size must be at most 320"),
+     (100, "draft_vocab_size must be at least 259: the special, chat-template and byte tokens")],
+)  # fmt: skip
+def test_reduced_vocabulary_out_of_range_is_refused_at_load(
+    spec_pair, size: int, message: str
+) -> None:
+    target, draft = spec_pair
+    with pytest.raises(ValueError, match=message):
+        draft_llm(target, draft, draft_vocab_size=size)
 
 
 # Seeds

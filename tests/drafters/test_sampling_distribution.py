@@ -36,7 +36,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -52,14 +52,17 @@ from tests.helpers.distribution import (
     run_case,
     word_tokenizer,
 )
+from tests.helpers.drafting import small_vocab_sample
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.fit import Fit, chi2_sf, fit, gamma_q
+from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
+from verispec.tokenizer import Tokenizer
 from verispec.train.distill import (
     extract_features,
     generate_responses,
@@ -324,6 +327,28 @@ def test_int8_draft_sampling_matches_the_unquantized_target(
     run = measure_exact(checkpoints, DRAFT_PROMPT, params_of(1.0, 1.0, -1, 4), spec)
     assert run.fit.ok(ALPHA), run.fit
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
+
+
+def test_reduced_vocabulary_draft_sampling_matches_the_target(
+    checkpoints: tuple[Path, Path, PreTrainedModel], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A draft whose head keeps 6 of the 12 ids (the 3 special tokens, then the lowest: the
+    words never occur in the sample) drafts from q = 0 on the other six; the residual max(0,
+    p - q) gives those their whole probability, so the output still follows the target."""
+    small_vocab_sample(monkeypatch, tmp_path / "cache")
+    _, draft, model = checkpoints
+    kept = draft_vocab(Tokenizer(draft), 6, VOCAB)
+    assert kept.tolist() == list(range(6))
+    params = params_of(1.0, 1.0, -1, 4)
+    probs = exact_joint(model, DRAFT_PROMPT, params)
+    drafted = [cell // VOCAB % VOCAB for cell in range(len(probs))]  # t2, drafted at k = 2
+    outside = sum(p for p, t in zip(probs, drafted, strict=True) if t >= 6)
+    assert outside > 0.2, "the target rarely needs an id the draft lacks: a weak check"
+    spec = replace(draft_spec(checkpoints), draft_vocab_size=6)
+    run = measure_exact(checkpoints, DRAFT_PROMPT, params, spec)
+    assert run.fit.ok(ALPHA), run.fit
+    assert run.acceptance is not None and 0.1 <= run.acceptance <= 0.8
 
 
 @pytest.fixture(scope="module")

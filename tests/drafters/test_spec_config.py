@@ -87,6 +87,27 @@ def test_quantization_is_for_draft_models_only() -> None:
         checked(method="ngram", quantization="auto")
 
 
+def test_draft_vocab_size_is_for_draft_models_only() -> None:
+    """A head (EAGLE's, Medusa's) has its own reduced vocabulary in its files; prompt lookup
+    and self-speculation have no draft head to cut."""
+    assert checked(model="d", draft_vocab_size=32768).draft_vocab_size == 32768
+    for name in ("ngram", "suffix", "self"):
+        with pytest.raises(ValueError, match=f"method '{name}' does not use draft_vocab_size; "
+                           "drop it"):  # fmt: skip
+            checked(method=name, draft_vocab_size=100)
+    with pytest.raises(ValueError, match="method 'eagle' does not use draft_vocab_size; drop"):
+        checked(method="eagle", model="/head", draft_vocab_size=100)
+    with pytest.raises(ValueError, match="method 'self' does not use model, draft_vocab_size;"):
+        checked(method="self", model="/d", draft_vocab_size=100)
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5, True, "100"])
+def test_bad_draft_vocab_size(size: object) -> None:
+    with pytest.raises(ValueError, match="draft_vocab_size must be an integer >= 1 .* or None "
+                       f"for the whole vocabulary, got {size!r}"):  # fmt: skip
+        SpecConfig(model="d", draft_vocab_size=size)  # type: ignore[arg-type]
+
+
 def test_options_a_method_would_ignore_are_refused() -> None:
     with pytest.raises(ValueError, match="method 'ngram' does not use model; drop it"):
         checked(method="ngram", model="/some/draft")

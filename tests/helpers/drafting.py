@@ -4,13 +4,16 @@ check that target and draft KV caches hold what a fresh prefill computes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.helpers.checkpoints import CORPUS
 from verispec import LLM, SamplingParams
 from verispec.api.outputs import RequestOutput
+from verispec.drafters import draft_vocab
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request, Status
 from verispec.models.llama import LlamaModel
@@ -24,6 +27,13 @@ def random_prompts(n: int, seed: int, lo: int = 2, hi: int = 24) -> list[list[in
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
     return [torch.randint(3, VOCAB, (m,), generator=g).tolist() for m in lengths]
+
+
+def small_vocab_sample(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    """Reduced draft vocabularies ranked on a small sample of the standard library (fast; the
+    code is the real one) and cached in `cache`, not the user's verispec cache."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(cache))
+    monkeypatch.setattr(draft_vocab, "CORPUS_CHARS", 200_000)
 
 
 def repeating_prompts(seed: int) -> list[list[int]]:

@@ -17,6 +17,7 @@ from verispec.cli.options import spec_config
 from verispec.cli.verify import verify_spec
 from verispec.config import EngineConfig
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD
+from verispec.spec import resolve as resolve_module
 from verispec.spec.resolve import DraftRuntime, own_drafter, resolve_speculative
 
 Spelling = Callable[[], SpecConfig | None]
@@ -82,8 +83,20 @@ OWN_HEAD = [  # the default model's shipped EAGLE head with the tree it was tune
     library(None, {"method": HEAD_METHOD}),
     library(None, SpecConfig(method=HEAD_METHOD)),
 ]
+VOCAB = {"draft_vocab_size": 4096}
+OWN_DRAFT_VOCAB = [  # embedded-code's own draft model, its head cut to 4096 ids
+    cli("generate", "x", "--model", "embedded-code", "--draft-vocab-size", "4096"),
+    cli("generate", "x", "--model", "embedded-code", "--method", DEFAULT_METHOD,
+        "--draft-vocab-size", "4096"),
+    cli("serve", "--model", "embedded-code", "--speculative-config", json.dumps(VOCAB)),
+    verify("--model", "embedded-code", "--draft-vocab-size", "4096"),
+    library("embedded-code", "auto", VOCAB),
+    library("embedded-code", {"method": DEFAULT_METHOD, **VOCAB}),
+    library("embedded-code", SpecConfig(draft_vocab_size=4096)),
+]  # fmt: skip
 TABLE = {"own draft, k=3": OWN_DRAFT_K3, "own drafter, auto": OWN_AUTO,
-         "default model, auto": DEFAULT_AUTO, "own head": OWN_HEAD}  # fmt: skip
+         "default model, auto": DEFAULT_AUTO, "own head": OWN_HEAD,
+         "own draft, reduced vocabulary": OWN_DRAFT_VOCAB}  # fmt: skip
 
 
 @pytest.mark.parametrize("group", TABLE)
@@ -111,6 +124,21 @@ def test_the_groups_resolve_to_what_they_name() -> None:
         tuned.model, tuned.tree_topk, tuned.tree_depth, None
     )  # fmt: skip
     assert head.prompt_lookup_min == 2  # the grafted lookup's bounds
+
+
+def test_a_named_models_draft_vocabulary_size_is_its_own_drafters(monkeypatch) -> None:
+    """NamedModel.draft_vocab_size goes with its draft wherever the own draft is filled in
+    ("auto", a method without a draft); an explicit size beats it; other drafts never get it."""
+    named = dict(resolve_module.NAMED_MODELS)
+    named["embedded-code"] = replace(named["embedded-code"], draft_vocab_size=2048)
+    monkeypatch.setattr(resolve_module, "NAMED_MODELS", named)
+    assert own_drafter("embedded-code", DEFAULT_METHOD).draft_vocab_size == 2048
+    assert OWN_AUTO[0]().draft_vocab_size == 2048
+    assert OWN_DRAFT_K3[0]().draft_vocab_size == 2048  # --k: only the checkpoint's settings
+    assert OWN_DRAFT_VOCAB[0]().draft_vocab_size == 4096
+    other = library("embedded-code", {"method": DEFAULT_METHOD, "model": "/my/draft"})()
+    assert other.draft_vocab_size is None
+    assert own_drafter(None, DEFAULT_METHOD) is None  # the default model has no draft model
 
 
 def test_resolving_again_changes_nothing() -> None:

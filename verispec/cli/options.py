@@ -82,6 +82,10 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
         "where the CPU has AVX-512 VNNI, else none (as stored; a named model's own draft runs "
         "auto)",
     )
+    spec.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
+                      help="draft_model: the draft's LM head keeps N token ids (special and "
+                      "byte tokens, then the most frequent): cheaper draft steps, the same "
+                      "output (default: the whole vocabulary)")  # fmt: skip
     cmd.add_argument("--batch-invariant", action="store_true",
                      help="logits independent of batch mates: speculative greedy output equals "
                      "plain greedy output bit for bit (slower)")  # fmt: skip
@@ -95,6 +99,7 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--prompt-lookup-min", "prompt_lookup_min"),
     ("--prompt-lookup-max", "prompt_lookup_max"),
     ("--draft-quantization", "quantization"),
+    ("--draft-vocab-size", "draft_vocab_size"),
     ("--tree-topk", "tree_topk"),
     ("--tree-depth", "tree_depth"),
     ("--prompt-lookup-tokens", "prompt_lookup_tokens"),

@@ -229,7 +229,8 @@ def _local_settings(
 SERVER_EXCLUSIVE = ("--model", "--dtype", "--device", "--max-model-len", "--quantization",
                     "--draft", "--method", "--k", "--prompt-lookup-min", "--prompt-lookup-max",
                     "--tree-topk", "--tree-depth", "--prompt-lookup-tokens",
-                    "--draft-quantization", "--compile", "--speculative-config")  # fmt: skip
+                    "--draft-quantization", "--draft-vocab-size", "--compile",
+                    "--speculative-config")  # fmt: skip
 """Options that choose a local engine: the server's own configuration is the one checked."""
 
 

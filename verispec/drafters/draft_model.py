@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
@@ -73,20 +74,25 @@ class DraftModelProposer:
 
     @classmethod
     def load(
-        cls, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo
-    ) -> DraftModelProposer:
+        cls, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo,
+        draft_vocab_size: int | None = None,
+    ) -> DraftModelProposer:  # fmt: skip
         """A proposer over the draft checkpoint `model` (a directory, GGUF file or name), loaded
         as the target is (dtype, device, kernels, compile), its weights rounded by `quantization`
-        (resolved: spec/resolve.py decides "auto"); its tokenizer must be the target's."""
+        (resolved: spec/resolve.py decides "auto"), its LM head cut to `draft_vocab_size` token
+        ids (draft_vocab.py; None: the whole vocabulary); its tokenizer must be the target's."""
         path = resolve_model_path(model)
         tokenizer = Tokenizer(path)
         check_vocabularies(target.tokenizer, tokenizer)
+        needed = min(target.vocab_size, tokenizer.vocab_size)  # ids the target can feed it
+        vocab_ids = None
+        if draft_vocab_size is not None:
+            vocab_ids = draft_vocab(tokenizer, draft_vocab_size, needed)
         loaded = load_model(
             path, target.dtype, target.device, target.linear_backend,
             batch_invariant=target.batch_invariant, quantization=quantization,
-            compile=target.compile,
+            compile=target.compile, vocab_ids=vocab_ids,
         )  # fmt: skip
-        needed = min(target.vocab_size, tokenizer.vocab_size)  # ids the target can feed it
         check_embedding_covers(loaded.config.vocab_size, needed, path)
         return cls(loaded, num_speculative_tokens, target)
 
@@ -142,8 +148,7 @@ class DraftModelProposer:
         tokens = greedy_steps(
             self.model, self.paged.kv, [d[-1] for d in drafts], positions,
             [[slots[j] for slots in reserved] for j in range(steps)],
-            [s.table.blocks for s in states], self.paged.block_size,
-            min(self.target.vocab_size, self.model.config.vocab_size),
+            [s.table.blocks for s in states], self.paged.block_size, self._head_rows(),
         )  # fmt: skip
         for row in tokens:
             for i, token in enumerate(row):
@@ -151,11 +156,18 @@ class DraftModelProposer:
                 probs[i].append(None)
         return True
 
+    def _head_rows(self) -> int:
+        """Rows of the draft's logits that score target ids: a reduced head's every row, else
+        the ids both vocabularies have (not the draft's padding rows)."""
+        if self.model.vocab_ids is not None:
+            return len(self.model.vocab_ids)
+        return min(self.target.vocab_size, self.model.config.vocab_size)
+
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
     ) -> tuple[torch.Tensor | None, list[int]]:
         """q [n, target vocab] after the request's own warping, and one draft token per row."""
-        logits = _match_vocab(logits, self.target.vocab_size)
+        logits = _match_vocab(logits, self.target.vocab_size, self.model.vocab_ids)
         return draw_drafts(logits, requests, drafts, self.target.generator)
 
     def release(self, request: Request) -> None:
@@ -195,9 +207,17 @@ class DraftModelProposer:
         return state
 
 
-def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Draft logits over the target's ids: extra padding rows dropped, missing ones -inf."""
+def _match_vocab(
+    logits: torch.Tensor, vocab_size: int, vocab_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Draft logits [n, V] over the target's vocab_size ids: a reduced head's column j at id
+    vocab_ids[j] and -inf at every id it lacks (so q = 0 there, and the verifier's residual
+    max(0, p - q) gives those ids their whole p); else extra padding columns dropped, missing
+    ones -inf."""
     n, v = logits.shape
+    if vocab_ids is not None:
+        full = logits.new_full((n, vocab_size), float("-inf"))
+        return full.index_copy_(1, vocab_ids, logits)
     if v >= vocab_size:
         return logits[:, :vocab_size]
     pad = torch.full((n, vocab_size - v), float("-inf"), dtype=logits.dtype, device=logits.device)

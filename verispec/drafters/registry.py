@@ -106,7 +106,11 @@ def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
 _METHODS: dict[str, Method] = {
     "draft_model": Method(
         lambda spec, target: DraftModelProposer.load(
-            spec.model or "", spec.quantization, spec.num_speculative_tokens, target
+            spec.model or "",
+            spec.quantization,
+            spec.num_speculative_tokens,
+            target,
+            spec.draft_vocab_size,
         ),
         options=(DraftModelConfig,),
     ),
@@ -218,12 +222,13 @@ def check_spec(spec: SpecConfig) -> SpecConfig:
                          "id; for a head method, the head's directory)")  # fmt: skip
     grafting = _check_grafting(spec, traits, tree)
     looks_up = traits.takes_prompt_lookup or grafting
-    reads = {SuffixConfig: traits.takes_suffix, DraftModelConfig: traits.takes_model,
-             PromptLookupConfig: looks_up}  # fmt: skip
-    unused = [f for cls, read in reads.items() if not read for f in cls.SPEC_FIELDS.values()
-              if getattr(spec, f) is not None]  # fmt: skip
+    reads = {SuffixConfig: traits.takes_suffix, DraftModelConfig: traits.takes_draft_model,
+             HeadConfig: traits.takes_head, PromptLookupConfig: looks_up}  # fmt: skip
+    read = {f for cls, r in reads.items() if r for f in cls.SPEC_FIELDS.values()}
+    unused = [f for cls, r in reads.items() if not r for f in cls.SPEC_FIELDS.values()
+              if f not in read and getattr(spec, f) is not None]  # fmt: skip
     if unused:
-        _refuse(spec, unused)
+        _refuse(spec, list(dict.fromkeys(unused)))
     if looks_up:
         lookup = PromptLookupConfig.of(spec)
         filled.update(prompt_lookup_min=lookup.min, prompt_lookup_max=lookup.max)

@@ -141,8 +141,8 @@ def default_drafter(model: str | None) -> SpecConfig | None:
 def own_drafter(model: str | None, method_name: str) -> SpecConfig | None:
     """A named model's own drafter for a method, before resolution: its shipped head for the
     head method (with the settings the head was tuned with, from its config.json), its trained
-    draft, quantization "auto", for the draft-model method; None when it has none (or the model
-    is not named)."""
+    draft, quantization "auto" and its draft vocabulary size, for the draft-model method; None
+    when it has none (or the model is not named)."""
     named = NAMED_MODELS.get(model or DEFAULT_MODEL)
     if named is None:
         return None
@@ -152,14 +152,15 @@ def own_drafter(model: str | None, method_name: str) -> SpecConfig | None:
             path, settings = head
             return SpecConfig(method=method_name, model=str(path), **settings)
     if method_name == DEFAULT_METHOD and named.draft is not None:
-        return SpecConfig(method=method_name, model=named.draft, quantization=AUTO_DRAFT)
+        return SpecConfig(method=method_name, model=named.draft, quantization=AUTO_DRAFT,
+                          draft_vocab_size=named.draft_vocab_size)  # fmt: skip
     return None
 
 
 def _with_own_drafter(model: str | None, spec: SpecConfig, asked_more: bool) -> SpecConfig:
     """spec with the named model's own draft or head where its method needs one and it names
     none: the own drafter whole (its tuned settings) when spec asks nothing else, else only its
-    checkpoint (and quantization, unless spec gives one)."""
+    checkpoint (and quantization and draft vocabulary size, unless spec gives them)."""
     if spec.model or not method(spec.method).takes_model:
         return spec
     own = own_drafter(model, spec.method)
@@ -168,7 +169,8 @@ def _with_own_drafter(model: str | None, spec: SpecConfig, asked_more: bool) -> 
     if spec == SpecConfig(method=spec.method) and not asked_more:
         return own
     quantization = own.quantization if spec.quantization is None else spec.quantization
-    return replace(spec, model=own.model, quantization=quantization)
+    size = own.draft_vocab_size if spec.draft_vocab_size is None else spec.draft_vocab_size
+    return replace(spec, model=own.model, quantization=quantization, draft_vocab_size=size)
 
 
 def _finish(spec: SpecConfig, runtime: DraftRuntime | None) -> SpecConfig:
