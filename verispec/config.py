@@ -136,7 +136,7 @@ class SpecConfig:
     special, chat-template and byte token, then the most frequent in a sample of text
     (drafters/draft_vocab.py), so each draft step reads a fraction of the head. The draft never
     proposes another token; the target's verification still gives its exact output. None = the
-    whole vocabulary (as does the vocabulary's own size)."""
+    whole vocabulary (so does the vocabulary's own size)."""
     tree_topk: int | None = None
     """Methods that draft trees: children expanded per node (EAGLE-2); None or 1 = a chain of
     num_speculative_tokens tokens."""

@@ -80,8 +80,8 @@ def test_always_kept_holds_specials_bytes_and_template_tokens(tokenizer, tmp_pat
     plain = saved(tokenizer, tmp_path / "plain")
     kept = always_kept(plain)
     assert {0, 1, 2} <= kept  # <s>, </s>, <pad>
-    assert set(byte_tokens(tokenizer.get_vocab())) <= kept and len(byte_tokens(
-        tokenizer.get_vocab())) == 256  # fmt: skip
+    bytes_ = byte_tokens(tokenizer.get_vocab())
+    assert len(bytes_) == 256 and set(bytes_) <= kept
     chat = saved(with_chat_template(tokenizer), tmp_path / "chat")
     from_template = always_kept(chat) - kept
     assert from_template, "the template's own merges (e.g. of '<|user|>') are kept too"

@@ -47,8 +47,8 @@ def keep_ids(ranking: Sequence[int], always: Iterable[int], size: int, limit: in
     """The `size` ids a reduced head keeps, ascending (so its first largest logit is the lowest
     id, as over the whole vocabulary): every id of `always`, then the best-ranked others, then
     (when the ranking runs out) the lowest ids left, which in a BPE vocabulary are its earliest,
-    most frequent merges; only ids below `limit`. ValueError when
-    size is above limit or below the ids always kept (check_size).
+    most frequent merges; only ids below `limit`. ValueError when size is above limit or below
+    the ids always kept (check_size).
 
     >>> keep_ids([7, 3, 9, 1], always=[0, 2], size=5, limit=9)
     [0, 1, 2, 3, 7]
@@ -145,8 +145,7 @@ def cached_ranking(tokenizer: Tokenizer) -> list[int]:
     entry for its vocabulary and this sample exists, else counted and stored."""
     vocab = sorted(tokenizer.hf.get_vocab().items(), key=itemgetter(1))  # in id order
     digest = hashlib.sha256("\n".join(f"{i} {t!r}" for t, i in vocab).encode()).hexdigest()
-    facts = [CACHE_FORMAT, digest, sys.version,
-             str(stdlib_root()), CORPUS_CHARS]  # fmt: skip
+    facts = [CACHE_FORMAT, digest, sys.version, str(stdlib_root()), CORPUS_CHARS]
     key = hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
     path = cache_dir() / "draft_vocab" / f"{key}.json"
     ranking = read_cache_json(path).get("ranking")

@@ -126,13 +126,26 @@ def test_the_head_in_the_stack_call_gives_the_same_logits(
     assert all(torch.equal(a, b) for a, b in zip(folded, apart, strict=True))
 
 
-def test_greedy_steps_are_a_loop_of_forwards_and_argmaxes(tmp_path: Path, tokenizer) -> None:
+REDUCED_IDS = torch.tensor([0, 1, 2, *range(5, 320, 3)])
+"""A head over 108 of the 320 ids (LlamaModel.vocab_ids), ascending."""
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["whole-head", "reduced-head"])
+def test_greedy_steps_are_a_loop_of_forwards_and_argmaxes(
+    tmp_path: Path, tokenizer, reduced: bool
+) -> None:
     """greedy_steps (one native call) drafts what forwards of one token per sequence and
     argmax_rows over the first `limit` logits draft, for two sequences of different lengths,
-    and leaves the same keys and values in the cache."""
+    and leaves the same keys and values in the cache; with a reduced head, each argmax row is
+    the token vocab_ids[row], fed and returned as such."""
     make_checkpoint(tmp_path, "llama", tokenizer, layer_scale=4.0, hidden_size=192,
                     num_attention_heads=6, num_key_value_heads=2)  # fmt: skip
     model, steps, limit = load(tmp_path), 6, 250
+    ids = torch.arange(limit)
+    if reduced:
+        ids = REDUCED_IDS
+        model = load_model(tmp_path, torch.float32, torch.device("cpu"), "native", vocab_ids=ids)
+        limit = len(ids)
     assert can_step_greedily(model)
     prompts = [random_ids(9, 320, seed=2), random_ids(21, 320, seed=3)]
     loop, call = Runner(model), Runner(model)
@@ -143,8 +156,10 @@ def test_greedy_steps_are_a_loop_of_forwards_and_argmaxes(tmp_path: Path, tokeni
     tokens, want = [p[-1] for p in prompts], []  # fed again at the next position, as a draft
     for _ in range(steps):
         logits = loop.forward([q.chunk([t]) for q, t in zip(seqs[loop], tokens, strict=True)])
-        tokens = argmax_rows(logits[:, :limit]).tolist()
+        tokens = ids[argmax_rows(logits[:, :limit])].tolist()
         want.append(tokens)
+    if reduced:  # ids past the head's row count: the map is really taken
+        assert any(t >= limit for step in want for t in step)
     tables = [q.table for q in seqs[call]]
     positions = [t.num_tokens for t in tables]
     reserved = [t.append_slots(steps) for t in tables]
