@@ -78,10 +78,11 @@ WEIGHT_FORMATS = {
     WeightFormat.Q4_SUPER_DM: "4-bit codes, d and m as stored (Q4_K)",
     WeightFormat.Q4_SUPER_A8: "4-bit codes, d and m as stored, times 8-bit inputs (Q4_K, a8)",
     WeightFormat.Q6_SUPER_D: "6-bit codes, d as stored (Q6_K)",
+    WeightFormat.Q6_SUPER_A8: "6-bit codes, d as stored, times 8-bit inputs (Q6_K, a8)",
 }
 """What each of the native kernel's weight formats holds, for the settings users see."""
 A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
-              WeightFormat.Q8_F32_A8, WeightFormat.Q4_SUPER_A8)
+              WeightFormat.Q8_F32_A8, WeightFormat.Q4_SUPER_A8, WeightFormat.Q6_SUPER_A8)
 
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
