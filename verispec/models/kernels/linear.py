@@ -18,6 +18,7 @@ from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
     round_to_fp16,
+    round_to_q4_1,
     round_to_q8_0,
 )
 
@@ -161,7 +162,7 @@ class Linear:
         codes = None  # a GGUF file's codes, computed as stored where the native kernel runs
         if isinstance(weight, AffineCodes):
             keep = backend in ("auto", "native") and native_usable()
-            if keep and quantization in (None, *ACTIVATION_QUANTIZATIONS):
+            if keep and quantization in (None, "a8", "w8a8"):
                 codes = weight
             weight = dequantize_codes(weight) if codes is None else weight.codes
         self.out_features, self.in_features = weight.shape
@@ -170,6 +171,9 @@ class Linear:
             weight = round_to_fp16(weight)
         elif quantization in ("q8_0", "w8a8"):
             weight = round_to_q8_0(weight)
+        elif quantization == "w4a8":
+            codes = round_to_q4_1(weight)
+            weight = dequantize_codes(codes)  # the values other kernels would compute with
         self.quantization = quantization
         self.kernel = kernel_for(backend, weight, quantization)
         self.row_wise = row_wise and self.kernel != "native"
