@@ -113,8 +113,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        "uses a named model's own draft): auto = w8a8 where the CPU has AVX-512 "
                        "VNNI, else none (as stored)")  # fmt: skip
     bench.add_argument("--workloads", type=_csv(str), default=None,
-                       help="code,edit,free,chat,agentic (chat, agentic: for chat "
-                       "models)")  # fmt: skip
+                       help="code,edit,free,chat,agentic,code_chat,code_edit (the last "
+                       "four: for chat models)")  # fmt: skip
     bench.add_argument("--methods", type=_csv(str), default=None,
                        help=f"methods ({','.join((PLAIN, *method_names()))}; default: those "
                        "that need no head, and eagle/medusa given --eagle/--medusa)")  # fmt: skip
