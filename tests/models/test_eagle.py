@@ -15,7 +15,8 @@ from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SpecConfig
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
-from verispec.models.eagle import ARCHITECTURE, EagleConfig, load_eagle_head, save_eagle_head
+from verispec.models.eagle import EagleConfig, load_eagle_head, save_eagle_head
+from verispec.models.eagle_config import ARCHITECTURE
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk

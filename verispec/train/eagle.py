@@ -59,7 +59,7 @@ class TrainableEagle(nn.Module):
         else:
             nn.init.normal_(self.lm_head.weight, std=0.02)
         self.register_buffer(
-            "inv_freq", inverse_frequencies(d, c.rope_theta, None), persistent=False
+            "inv_freq", inverse_frequencies(d, c.rope_theta, c.rope_scaling), persistent=False
         )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
