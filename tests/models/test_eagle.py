@@ -17,7 +17,7 @@ from verispec import LLM, SpecConfig
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, load_eagle_head, save_eagle_head
-from verispec.models.eagle_config import ARCHITECTURE
+from verispec.models.eagle_config import ARCHITECTURE, VARIANTS
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
@@ -123,6 +123,22 @@ def test_rope_scaling_round_trips_to_the_heads_rotary_frequencies(
     scaled = inverse_frequencies(config.head_dim, config.rope_theta, scaling)
     assert torch.equal(head.inv_freq, scaled)
     assert not torch.equal(scaled, inverse_frequencies(config.head_dim, config.rope_theta, None))
+
+
+def test_layer_variants_round_trip(saved: tuple[Path, TrainableEagle], tmp_path: Path) -> None:
+    """The variant switches are written at config.json's top level as vLLM reads them (also
+    read from eagle_config, where some writers keep them), with the fused features' norms."""
+    config = replace(saved[1].config, norm_before_residual=True, fc_norm=True, norm_output=True)
+    save_eagle_head(config, random_head(config, torch.randn(320, 64), DRAFT_IDS)
+                    .state_for_export(), tmp_path)  # fmt: skip
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert [cfg[k] for k in VARIANTS] == [True, False, True, True]  # residual, fc, fc_norm, out
+    assert EagleConfig.from_dict(cfg) == config
+    stored = load_file(tmp_path / "model.safetensors")
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(stored)
+    nested = {k: v for k, v in cfg.items() if k not in ("fc_norm", "norm_output")}
+    nested["eagle_config"] = {**cfg["eagle_config"], "fc_norm": True, "norm_output": True}
+    assert EagleConfig.from_dict(nested) == config
 
 
 def _drop_architecture(cfg: dict) -> None:

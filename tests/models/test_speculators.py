@@ -1,7 +1,9 @@
 """EAGLE-3 heads in the speculators layout: a head written in it reads back to the tensors of
 its EAGLE-3 copy and drafts what that copy drafts, the layout is told apart by config.json
 alone, config.json holds what the speculators package and vLLM read, and every speculators
-head verispec cannot run is refused with a ValueError that says why."""
+head verispec cannot run is refused with a ValueError that says why. The layer variants it
+records (norm_before_residual, ...) draft as the trainable head computes them:
+tests/train/test_eagle_training.py."""
 
 from __future__ import annotations
 
@@ -188,6 +190,16 @@ def edit(key: str, value: Any = DROP) -> Callable[[dict], None]:
     return apply
 
 
+def both(first: Callable[[dict], None], second: Callable[[dict], None]) -> Callable[[dict], None]:
+    """Both edits, in order."""
+
+    def apply(cfg: dict) -> None:
+        first(cfg)
+        second(cfg)
+
+    return apply
+
+
 def drop_tensor(w: dict) -> None:
     del w["layers.0.self_attn.k_proj.weight"]
 
@@ -214,12 +226,14 @@ SPEC = "speculators_config"
 BAD_HEADS = {
     "model-type": (edit("speculators_model_type", "eagle"), None,
                    "speculators model type 'eagle' is not one verispec runs; supported: 'eagle3'"),
-    "norm-before-residual": (edit("norm_before_residual", True), None,
-                             "sets norm_before_residual: a variant of the layer"),
     "no-norm-before-residual": (edit("norm_before_residual"), None,
                                 "lacks norm_before_residual .vLLM reads a missing one as true"),
-    "fc-norm": (edit("fc_norm", True), None, "sets fc_norm"),
-    "own-embedding": (edit("embed_requires_grad", True), None, "sets embed_requires_grad"),
+    "own-embedding": (edit("embed_requires_grad", True), None,
+                      "sets embed_requires_grad: the head trained its own token embedding"),
+    "two-fused-norms": (both(edit("norm_before_fc", True), edit("fc_norm", True)), None,
+                        "norm_before_fc and fc_norm are two ways"),
+    "variant-without-its-norm": (edit("norm_before_fc", True), None,
+                                 "lacks tensor 'input_norm.weight'"),
     "target-width": (edit("target_hidden_size", 128), None,
                      "fuses target features of width 128 into a layer of 64"),
     "two-layers": (edit(f"{LAYER}.num_hidden_layers", 2), None, "has 2 layers; verispec runs"),
@@ -303,3 +317,46 @@ def test_the_speculators_package_reads_the_config(
     assert parsed.speculators_config.proposal_methods[0].speculative_tokens == 4
     written = json.loads(parsed.to_json_string())
     assert from_speculators(written, target[1].config) == from_speculators(cfg, target[1].config)
+
+
+PACKAGE_VARIANTS = {
+    "plain": {},
+    "eagle-3.1": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
+    "fc-norm": {"norm_before_residual": True, "fc_norm": True},
+}
+
+
+@pytest.mark.parametrize("variant", PACKAGE_VARIANTS.values(), ids=PACKAGE_VARIANTS.keys())
+def test_the_speculators_package_drafts_what_verispec_drafts(
+    variant: dict[str, bool], tmp_path: Path
+) -> None:
+    """Where the package is installed: its own EAGLE-3 model, built from the config.json and
+    tensors verispec writes, drafts at depths 1-3 what verispec's head computes (row r of
+    depth s is the package's position r - s + 1 of its step s)."""
+    package = pytest.importorskip("speculators", reason="the speculators package is not "
+                                  "installed (it pins its own torch and transformers)")  # fmt: skip
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    config = EagleConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                         intermediate_size=128, vocab_size=320, draft_vocab_size=159,
+                         feature_layers=(0, 1, 2), rope_theta=5e5, **variant)  # fmt: skip
+    torch.manual_seed(0)
+    embed = torch.randn(320, 64)
+    head = random_head(config, embed, DRAFT_IDS)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 1:  # norms away from 1, so each one's place matters
+                p.uniform_(0.5, 1.5)
+    save_eagle_head(config, head.state_for_export(), tmp_path, torch.float32, speculators=META)
+    package_config = package.SpeculatorModelConfig.from_dict(read_config(tmp_path))
+    package_config.transformer_layer_config._attn_implementation = "eager"
+    model = Eagle3DraftModel(package_config).float()
+    stored = {**load_file(str(tmp_path / "model.safetensors")), "embed_tokens.weight": embed}
+    assert not model.load_state_dict(stored, strict=False).unexpected_keys
+    tokens, features = torch.randint(3, 320, (1, 16)), 3 * torch.randn(1, 16, 192)
+    with torch.no_grad():
+        ours = head(tokens, features, 3)
+        theirs = model(hidden_states=features[:, :-1], input_ids=tokens[:, 1:],
+                       document_ids=torch.zeros(1, 15, dtype=torch.long), ttt_steps=3)  # fmt: skip
+    for s in range(3):
+        assert torch.equal(ours[s][0, s:].argmax(-1), theirs[s][0, : 15 - s]), f"depth {s + 1}"

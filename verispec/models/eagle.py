@@ -19,6 +19,10 @@ One head step for row r (token x_{r+1} at rotary position r, feature f):
   out = y + mlp(norm(y)); logits = lm_head(norm(out)) predicts x_{r+2}.
 f is fc(target features of position r) when they are known, else the head's own `out` of the
 row before (drafting deeper than the target has seen).
+Variants (EagleConfig's switches, as vLLM and the speculators package run them):
+norm_before_residual adds a to h instead of f; norm_before_fc norms the fused features
+(input_norm.weight), fc_norm each fused layer's (fc_norm.{i}.weight), before fc; norm_output
+feeds the next row norm(out) instead of out.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ from verispec.models.speculators import (
 )
 
 WHAT = "EAGLE head"
+FUSED = ("input_norm.", "fc_norm.")
+"""Name prefixes of the norms over the fused features (EagleConfig.tensor_shapes)."""
 
 
 class EagleHead:
@@ -97,6 +103,8 @@ class EagleHead:
         qkv = torch.cat([floats[f"{m}self_attn.{n}_proj.weight"] for n in "qkv"])
         gate_up = torch.cat([floats[f"{m}mlp.gate_proj.weight"], floats[f"{m}mlp.up_proj.weight"]])
         self.fc = linear("fc.weight")
+        self.fused_norms = [floats[k] for k in config.tensor_shapes() if k.startswith(FUSED)]
+        """norm_before_fc: [the fused features' norm]; fc_norm: one per fused layer; else []."""
         self.hidden_norm = floats[f"{m}hidden_norm.weight"]
         self.layer = DecoderLayer(
             input_norm=floats[f"{m}input_layernorm.weight"],
@@ -135,8 +143,14 @@ class EagleHead:
                        self.device)  # fmt: skip
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features [n, n_layers * hidden] -> the head's input feature [n, hidden]."""
-        return self.fc(features.to(self.dtype))
+        """Target features [n, n_layers * hidden] -> the head's input feature [n, hidden]
+        (normed first, whole or per layer, where the config says so)."""
+        x = features.to(self.dtype)
+        if self.fused_norms:
+            parts = x.chunk(len(self.fused_norms), dim=-1)
+            pairs = zip(parts, self.fused_norms, strict=True)
+            x = torch.cat([rms_norm(p, w, self.config.rms_norm_eps) for p, w in pairs], dim=-1)
+        return self.fc(x)
 
     @torch.inference_mode()
     def forward(
@@ -167,11 +181,14 @@ class EagleHead:
         slot_mapping [T]; feature [T, hidden]; logits_indices [L])."""
         eps = self.config.rms_norm_eps
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim]
-        x = self.layer_input(input_ids, feature)  # [T, 2 * hidden]
+        x, residual = self.layer_input(input_ids, feature)  # [T, 2 * hidden], [T, hidden]
         inputs = LayerInputs(slot_mapping, kv, layout, cos, sin)
-        y = feature + self_attention(self.layer_config, 0, self.layer, x, inputs)
+        y = residual + self_attention(self.layer_config, 0, self.layer, x, inputs)
         gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
         out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
+        if self.config.norm_output:  # the next rows read the normed output
+            out = rms_norm(out, self.norm, eps)
+            return out, self.lm_head(out.index_select(0, logits_indices)).float()
         rows = out.index_select(0, logits_indices)
         return out, self.lm_head(rms_norm(rows, self.norm, eps)).float()
 
@@ -179,20 +196,25 @@ class EagleHead:
         self, batch: ForwardBatch, kv: KVCache, feature: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """step's values (within float32 rounding) with the layer in one native call: the
-        normed embedding and feature side by side are its first input, the feature its
+        normed embedding and feature side by side are its first input, the residual its
         residual stream."""
-        first = self.layer_input(batch.input_ids, feature)  # [T, 2 * hidden]
-        out = feature.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
+        first, residual = self.layer_input(batch.input_ids, feature)
+        out = residual.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
         stack = cast(native_layer.NativeStack, self.native)
-        normed, _ = stack.run(batch, kv, out, first_input=first)
-        return out, self.lm_head(normed.index_select(0, batch.logits_indices)).float()
+        normed, _ = stack.run(batch, kv, out, first_input=first)  # [T, hidden]
+        logits = self.lm_head(normed.index_select(0, batch.logits_indices)).float()
+        return normed if self.config.norm_output else out, logits
 
-    def layer_input(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        """What the head's q/k/v read: the normed token embedding and the normed feature side
-        by side, [T, 2 * hidden]."""
+    def layer_input(
+        self, input_ids: torch.Tensor, feature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the head's q/k/v read, the normed token embedding and the normed feature side
+        by side [T, 2 * hidden]; and the residual the attention adds to [T, hidden]: the
+        feature, or the normed feature where norm_before_residual."""
         eps = self.config.rms_norm_eps
         e = rms_norm(self.embed.index_select(0, input_ids), self.layer.input_norm, eps)
-        return torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)
+        h = rms_norm(feature, self.hidden_norm, eps)
+        return torch.cat([e, h], dim=-1), h if self.config.norm_before_residual else feature
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the head's step through torch.compile from now on (models/kernels/compiled.py)."""

@@ -10,6 +10,8 @@ from typing import Any
 from verispec.models.config import ModelConfig, rope_settings
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+"""EagleConfig's switches for variants of the layer, named as in config.json (vLLM's names)."""
 
 
 @dataclass(slots=True)
@@ -32,6 +34,20 @@ class EagleConfig:
     rope_scaling: dict[str, Any] | None = None
     """None, or the target's {"rope_type": "linear"|"llama3", ...} (ModelConfig.rope_scaling)."""
     max_position_embeddings: int = 2048
+    norm_before_residual: bool = False
+    """The attention's residual is the normed feature, not the feature (the speculators
+    package trains heads so by default)."""
+    norm_before_fc: bool = False
+    """One RMSNorm (input_norm.weight [n_features * hidden]) over the fused features first."""
+    fc_norm: bool = False
+    """One RMSNorm per fused layer (fc_norm.{i}.weight [hidden]) first (EAGLE 3.1)."""
+    norm_output: bool = False
+    """The next step reads the final-normed output, not the raw one (EAGLE 3.1)."""
+
+    def __post_init__(self) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm are two ways to norm the fused "
+                             "features: set one at most")  # fmt: skip
 
     @classmethod
     def for_target(
@@ -63,6 +79,8 @@ class EagleConfig:
         if not layers:
             raise ValueError("EAGLE-3 config lacks eagle_config.eagle_aux_hidden_state_layer_ids")
         theta, scaling = rope_settings(cfg)
+        nested = cfg.get("eagle_config") or {}  # some writers keep the switches there
+        switches = {name: bool(cfg.get(name, nested.get(name, False))) for name in VARIANTS}
         return cls(
             hidden_size=hidden, num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -72,7 +90,7 @@ class EagleConfig:
             feature_layers=tuple(int(i) for i in layers),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta, rope_scaling=scaling,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)), **switches,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +106,7 @@ class EagleConfig:
             "rope_scaling": d["rope_scaling"],
             "max_position_embeddings": d["max_position_embeddings"],
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.feature_layers)},
+            **{name: d[name] for name in VARIANTS},
         }  # fmt: skip
 
     def layer_config(self) -> ModelConfig:
@@ -103,10 +122,14 @@ class EagleConfig:
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor of the checkpoint and its shape."""
-        h, d = self.hidden_size, self.head_dim
+        h, d, n = self.hidden_size, self.head_dim, len(self.feature_layers)
         m = "midlayer."
+        fused_norms = {"input_norm.weight": (n * h,)} if self.norm_before_fc else {}
+        if self.fc_norm:
+            fused_norms = {f"fc_norm.{i}.weight": (h,) for i in range(n)}
         return {
-            "fc.weight": (h, len(self.feature_layers) * h),
+            **fused_norms,
+            "fc.weight": (h, n * h),
             f"{m}input_layernorm.weight": (h,), f"{m}hidden_norm.weight": (h,),
             f"{m}post_attention_layernorm.weight": (h,),
             f"{m}self_attn.q_proj.weight": (self.num_heads * d, 2 * h),

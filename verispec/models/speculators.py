@@ -7,10 +7,11 @@ config.json: `speculators_model_type` "eagle3", `architectures` ["Eagle3Speculat
 intermediate_size, rms_norm_eps, rope settings, max_position_embeddings, num_hidden_layers 1 and
 vocab_size, the verifier's), `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids` (numbered as
 in the EAGLE-3 layout; absent: the default layers of the target), `target_hidden_size` (None:
-the layer's), switches for variants of the layer (norm_before_residual, norm_before_fc, fc_norm,
-norm_output, embed_requires_grad: verispec runs the plain layer, all false), and
-`speculators_config` {algorithm, proposal_methods [{proposal_type "greedy", speculative_tokens,
-...}], default_proposal_method, verifier {name_or_path, architectures}}.
+the layer's), the switches for variants of the layer (norm_before_residual, norm_before_fc,
+fc_norm, norm_output: EagleConfig's; embed_requires_grad, a head with its own embedding, which
+verispec does not run), and `speculators_config` {algorithm, proposal_methods [{proposal_type
+"greedy", speculative_tokens, ...}], default_proposal_method, verifier {name_or_path,
+architectures}}.
 Tensors: the EAGLE-3 layout's, `layers.0.` in place of `midlayer.`, plus `t2d` [vocab] bool
 (True at the target ids of the draft vocabulary); a head over the whole vocabulary may leave out
 d2t and t2d. A stored `embed_tokens.weight` is the verifier's own and is not read: the head
@@ -25,14 +26,11 @@ from typing import Any
 import torch
 
 from verispec.models.config import ModelConfig
-from verispec.models.eagle_config import EagleConfig, default_layers
+from verispec.models.eagle_config import VARIANTS, EagleConfig, default_layers
 
 MODEL_TYPE = "eagle3"
 """The speculators_model_type verispec runs."""
 ARCHITECTURE = "Eagle3Speculator"
-VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-            "embed_requires_grad")  # fmt: skip
-"""Switches for layer variants verispec's EagleHead does not compute (all must be false)."""
 LAYER_PREFIX, EAGLE3_PREFIX = "layers.0.", "midlayer."
 
 
@@ -69,7 +67,7 @@ def from_speculators(
                          f"{MODEL_TYPE!r} (EAGLE-3 heads)")  # fmt: skip
     meta = _meta(cfg.get("speculators_config"))
     layer = _layer(cfg.get("transformer_layer_config"))
-    _check_variant(cfg, layer)
+    _check_switches(cfg, layer)
     if "draft_vocab_size" not in cfg:
         raise ValueError("speculators eagle3 config lacks draft_vocab_size")
     layers = cfg.get("eagle_aux_hidden_state_layer_ids") or default_layers(target.num_layers)
@@ -80,6 +78,7 @@ def from_speculators(
         feature_layers=tuple(int(i) for i in layers), rms_norm_eps=layer.rms_norm_eps,
         rope_theta=layer.rope_theta, rope_scaling=layer.rope_scaling,
         max_position_embeddings=layer.max_position_embeddings,
+        **{name: bool(cfg.get(name)) for name in VARIANTS},
     )  # fmt: skip
     own, its = (config.hidden_size, config.vocab_size), (target.hidden_size, target.vocab_size)
     if own != its:
@@ -147,16 +146,15 @@ def _layer(layer: Any) -> ModelConfig:
     return parsed
 
 
-def _check_variant(cfg: dict[str, Any], layer: ModelConfig) -> None:
-    """The top-level switches must describe the plain EAGLE-3 layer, as wide as the target."""
+def _check_switches(cfg: dict[str, Any], layer: ModelConfig) -> None:
+    """The top-level switches must describe a layer verispec runs, as wide as the target."""
     if "norm_before_residual" not in cfg:
         raise ValueError("speculators eagle3 config lacks norm_before_residual (vLLM reads a "
                          "missing one as true, the speculators package as false)")  # fmt: skip
-    on = [name for name in VARIANTS if cfg.get(name)]
-    if on:
-        raise ValueError(f"speculators eagle3 config sets {', '.join(on)}: a variant of the "
-                         "layer verispec does not run (it runs the plain EAGLE-3 layer, with "
-                         f"{', '.join(VARIANTS)} all false)")  # fmt: skip
+    if cfg.get("embed_requires_grad"):
+        raise ValueError("speculators eagle3 config sets embed_requires_grad: the head trained "
+                         "its own token embedding, and verispec's heads embed with the "
+                         "target's")  # fmt: skip
     wide = cfg.get("target_hidden_size")
     if wide is not None and int(wide) != layer.hidden_size:
         raise ValueError(f"speculators head fuses target features of width {wide} into a "
@@ -182,7 +180,8 @@ def to_speculators(config: EagleConfig, meta: SpeculatorsMeta) -> dict[str, Any]
     return {
         "speculators_model_type": MODEL_TYPE, "architectures": [ARCHITECTURE],
         "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
-        **{name: False for name in VARIANTS}, "target_hidden_size": None,
+        **{name: getattr(c, name) for name in VARIANTS}, "embed_requires_grad": False,
+        "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": list(c.feature_layers),
         "speculators_config": {
             "algorithm": MODEL_TYPE, "proposal_methods": [greedy],
