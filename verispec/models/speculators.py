@@ -58,9 +58,9 @@ def is_speculators(cfg: dict[str, Any]) -> bool:
 def from_speculators(
     cfg: dict[str, Any], target: ModelConfig
 ) -> tuple[EagleConfig, SpeculatorsMeta]:
-    """The head a speculators config.json describes, for `target`; ValueError for a model type
-    or layer variant verispec does not run, a malformed speculators_config, or a head whose
-    verifier's hidden size or vocabulary is not the target's."""
+    """The head a speculators config.json describes, for `target` (whose default layers it
+    reads when the config names none); ValueError for a model type or layer verispec does not
+    run, a malformed speculators_config, or a verifier of another hidden size or vocabulary."""
     kind = cfg.get("speculators_model_type")
     if kind != MODEL_TYPE:
         raise ValueError(f"speculators model type {kind!r} is not one verispec runs; supported: "
