@@ -92,7 +92,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--method", default="draft_model", choices=("draft_model", "ngram", "suffix"))
+    p.add_argument("--method", default="draft_model", choices=("draft_model",),
+                   help="a drafter that drafts every step (model-free drafters skip steps "
+                   "without a match: bound those by verispec.bench.replay.copy_bound)")
     p.add_argument("--quantization", default="a8", help="the target's (none: as stored)")
     p.add_argument("--draft-quantization", default="auto")
     p.add_argument("--workloads", default="code")

@@ -77,14 +77,18 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    spec: Any = None
-    if args.method == "draft_model":
+    spec: Any = None  # plain
+    if args.method == "auto":  # the target's default drafter, as `verispec chat` runs it
+        spec = "auto"
+    elif args.method == "draft_model":
         spec = {
             "method": "draft_model",
             "model": args.draft,
             "num_speculative_tokens": args.k,
             "quantization": args.draft_quantization,
         }
+    elif args.method != "plain":  # a model-free method (ngram, suffix) at depth k
+        spec = {"method": args.method, "num_speculative_tokens": args.k}
     llm = LLM(model=args.target, speculative=spec, quantization=args.quantization)
     load_s = time.perf_counter() - start
     llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4))  # warm-up
@@ -252,7 +256,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple: "
                    "adds llama.cpp plain and -md on the same prompts")  # fmt: skip
     p.add_argument("--configs", default="plain,plain:a8,draft_model",
-                   help="comma-separated method[:quantization] runs")  # fmt: skip
+                   help="comma-separated method[:quantization] runs; method plain, auto "
+                   "(the target's default drafter), draft_model, ngram or suffix")  # fmt: skip
     p.add_argument(
         "--draft-quantization",
         default=None,

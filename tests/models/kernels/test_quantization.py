@@ -15,7 +15,7 @@ from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM
 from verispec.models.kernels import build
-from verispec.models.kernels.affine import affine_codes
+from verispec.models.kernels.affine import affine_codes, dequantize_codes
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear
@@ -106,6 +106,16 @@ def test_q4_1_error_is_at_most_half_a_step() -> None:
     slack = codes.m.abs().repeat_interleave(32, 1) * 2**-10
     assert ((values - w).abs() <= d / 2 + slack + 1e-6).all()
     assert torch.equal(values[0, :32], w[0, :32])
+
+
+def test_q4_1_from_a_files_codes_equals_it_from_their_values() -> None:
+    """A GGUF weight's codes are rounded a few rows at a time, never dequantized whole: the
+    same codes, d and m as rounding the dequantized weight."""
+    codes = affine_codes(round_to_q8_0(torch.randn(40, 96, generator=torch.Generator())))
+    assert codes is not None
+    direct, whole = round_to_q4_1(codes), round_to_q4_1(dequantize_codes(codes))
+    assert torch.equal(direct.codes, whole.codes) and torch.equal(direct.d, whole.d)
+    assert torch.equal(direct.m, whole.m)
 
 
 @pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel")
