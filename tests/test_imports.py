@@ -130,7 +130,8 @@ MODEL_LAYERS = {
     "catalog": ("verispec.models.catalog",),
     "readers": ("verispec.models.weights.gguf", "verispec.models.weights.gguf_blocks",
                 "verispec.models.weights.gguf_cache", "verispec.models.weights.gguf_config"),
-    "model": ("verispec.models.llama", "verispec.models.eagle", "verispec.models.medusa",
+    "model": ("verispec.models.llama", "verispec.models.eagle_config",
+              "verispec.models.speculators", "verispec.models.eagle", "verispec.models.medusa",
               "verispec.models.paged"),
     "loader": ("verispec.models.weights.loader",),
 }  # fmt: skip

@@ -4,21 +4,24 @@ malformed or mismatched head directory is refused with a ValueError that says wh
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.eagle_heads import copy_head, random_head
 from verispec import LLM, SpecConfig
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
-from verispec.models.eagle import ARCHITECTURE, EagleConfig, load_eagle_head, save_eagle_head
+from verispec.models.eagle import EagleConfig, load_eagle_head, save_eagle_head
+from verispec.models.eagle_config import ARCHITECTURE, VARIANTS
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.rope import inverse_frequencies
 from verispec.models.weights.loader import load_model, resolve_head_path
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle
@@ -37,19 +40,6 @@ def target(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, L
     return path, load_model(path, torch.float32, torch.device("cpu"), "torch")
 
 
-def trainable(
-    config: EagleConfig, embed: torch.Tensor, draft_ids: torch.Tensor = DRAFT_IDS
-) -> TrainableEagle:
-    """A random head whose attention and MLP really change its output (weights scaled up)."""
-    torch.manual_seed(1)
-    head = TrainableEagle(config, embed, draft_ids)
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.mul_(25.0)
-    return head
-
-
 @pytest.fixture(scope="module")
 def saved(
     target: tuple[Path, LlamaModel], tmp_path_factory: pytest.TempPathFactory
@@ -57,29 +47,10 @@ def saved(
     """(head dir saved in float32, the trainable head it came from)."""
     model = target[1]
     config = EagleConfig.for_target(model.config, len(DRAFT_IDS), LAYERS)
-    head = trainable(config, model.embed)
+    head = random_head(config, model.embed, DRAFT_IDS)
     path = tmp_path_factory.mktemp("head")
     save_eagle_head(config, head.state_for_export(), path, torch.float32)
     return path, head
-
-
-def copy_head(
-    src: Path,
-    dst: Path,
-    config: Callable[[dict], None] | None = None,
-    tensors: Callable[[dict[str, torch.Tensor]], None] | None = None,
-) -> Path:
-    """A copy of head dir src in dst, with config.json and the tensors edited in place."""
-    cfg = json.loads((src / "config.json").read_text())
-    weights = load_file(str(src / "model.safetensors"))
-    if config is not None:
-        config(cfg)
-    if tensors is not None:
-        tensors(weights)
-    dst.mkdir(parents=True, exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    save_file(weights, str(dst / "model.safetensors"))
-    return dst
 
 
 @pytest.mark.parametrize(
@@ -137,6 +108,39 @@ def test_checkpoint_format(saved: tuple[Path, TrainableEagle], tmp_path: Path) -
         save_eagle_head(trained.config, state, tmp_path / "bad")
 
 
+def test_rope_scaling_round_trips_to_the_heads_rotary_frequencies(
+    target: tuple[Path, LlamaModel], saved: tuple[Path, TrainableEagle], tmp_path: Path
+) -> None:
+    """A target's scaled rotary positions (llama3) are written to config.json, read back, and
+    rotate the loaded head's queries and keys."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    config = replace(saved[1].config, rope_scaling=scaling)
+    save_eagle_head(config, saved[1].state_for_export(), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["rope_scaling"] == scaling and EagleConfig.from_dict(cfg) == config
+    head = load_eagle_head(tmp_path, target[1], "torch")
+    scaled = inverse_frequencies(config.head_dim, config.rope_theta, scaling)
+    assert torch.equal(head.inv_freq, scaled)
+    assert not torch.equal(scaled, inverse_frequencies(config.head_dim, config.rope_theta, None))
+
+
+def test_layer_variants_round_trip(saved: tuple[Path, TrainableEagle], tmp_path: Path) -> None:
+    """The variant switches are written at config.json's top level as vLLM reads them (also
+    read from eagle_config, where some writers keep them), with the fused features' norms."""
+    config = replace(saved[1].config, norm_before_residual=True, fc_norm=True, norm_output=True)
+    save_eagle_head(config, random_head(config, torch.randn(320, 64), DRAFT_IDS)
+                    .state_for_export(), tmp_path)  # fmt: skip
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert [cfg[k] for k in VARIANTS] == [True, False, True, True]  # residual, fc, fc_norm, out
+    assert EagleConfig.from_dict(cfg) == config
+    stored = load_file(tmp_path / "model.safetensors")
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(stored)
+    nested = {k: v for k, v in cfg.items() if k not in ("fc_norm", "norm_output")}
+    nested["eagle_config"] = {**cfg["eagle_config"], "fc_norm": True, "norm_output": True}
+    assert EagleConfig.from_dict(nested) == config
+
+
 def _drop_architecture(cfg: dict) -> None:
     cfg["architectures"] = ["LlamaForCausalLM"]
 
@@ -185,7 +189,7 @@ def test_malformed_heads_are_refused(
 def head_for(config: EagleConfig, path: Path) -> Path:
     """Save a random head of `config` (any shapes: its own random embedding) to path."""
     embed = torch.randn(config.vocab_size, config.hidden_size)
-    head = trainable(config, embed, torch.arange(config.draft_vocab_size))
+    head = random_head(config, embed, torch.arange(config.draft_vocab_size))
     save_eagle_head(config, head.state_for_export(), path, torch.float32)
     return path
 

@@ -58,6 +58,23 @@ def test_drafts_pay_for_one_request_and_not_for_a_full_batch() -> None:
     assert policy.choose(busy, 32) == [0] * 32
 
 
+def test_a_lone_request_drafts_nothing_where_the_measured_costs_say_drafts_lose() -> None:
+    """Drafts accepted 70% of the time still lose for one request when each draft costs 0.6
+    of a target step and a verify grows with its tokens (a draft model nearly the target's
+    size): the policy drafts nothing, whatever the depth it may take."""
+    cost = StepCost(target={1: 0.010, 2: 0.014, 3: 0.018, 5: 0.026, 9: 0.042},
+                    draft={d: 0.006 * d for d in range(1, 9)})  # fmt: skip
+    policy = AdaptiveSpeculation(8, cost=cost)
+    for _ in range(20):
+        policy.observe_request("a", 8, 5)
+    assert policy.choose(["a"], 1) == [0]
+    cheap = StepCost(target=cost.target, draft={d: 0.0005 * d for d in range(1, 9)})
+    policy = AdaptiveSpeculation(8, cost=cheap)  # the same acceptance with a cheap draft pays
+    for _ in range(20):
+        policy.observe_request("a", 8, 5)
+    assert policy.choose(["a"], 1)[0] > 0
+
+
 def test_requests_that_never_accept_stop_drafting_others_go_on() -> None:
     cost = StepCost(target={1: 0.010, 2: 0.011, 4: 0.013, 8: 0.017}, draft={2: 0.001})
     policy = AdaptiveSpeculation(2, cost=cost)

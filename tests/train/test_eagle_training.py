@@ -4,6 +4,7 @@ while drafting, its loss (soft targets, depth masking), resumable training, and 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from tests.helpers.checkpoints import make_checkpoint
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, EagleHead, load_eagle_head, save_eagle_head
+from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.speculators import SpeculatorsMeta
 from verispec.models.weights.loader import load_model
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle, head_loss, soft_targets
@@ -38,22 +41,45 @@ def target(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> LlamaModel:
     return load_model(path, torch.float32, torch.device("cpu"), "torch")
 
 
-@pytest.fixture(scope="module")
+VARIANTS = {
+    "plain": {},
+    "eagle-3.1": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
+    "fc-norm": {"norm_before_residual": True, "fc_norm": True},
+}
+"""EagleConfig switches: the plain EAGLE-3 layer, and the variants the speculators package
+trains (its defaults for EAGLE-3 heads; the per-layer fused norms of EAGLE 3.1)."""
+NATIVE = pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel),
+                            reason="no native kernel here")  # fmt: skip
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("plain", "torch"), ("eagle-3.1", "torch"), ("fc-norm", "torch"),
+            pytest.param(("eagle-3.1", "native"), marks=NATIVE)],
+    ids=lambda p: "-".join(p),
+)  # fmt: skip
 def heads(
-    target: LlamaModel, tmp_path_factory: pytest.TempPathFactory
+    target: LlamaModel, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> tuple[TrainableEagle, EagleHead]:
-    """A random trainable head (matrices scaled up so attention is sharp and rows differ) and
-    the inference head loaded from its float32 export."""
-    config = EagleConfig.for_target(target.config, 200, LAYERS)
+    """A random trainable head (matrices scaled up so attention is sharp and rows differ, norm
+    weights drawn around 1) of a layer variant, and the inference head loaded from its float32
+    export: the plain one in the EAGLE-3 layout, the variants in the speculators one."""
+    variant, backend = request.param
+    config = replace(EagleConfig.for_target(target.config, 200, LAYERS), **VARIANTS[variant])
     torch.manual_seed(3)
     trainable = TrainableEagle(config, target.embed, torch.arange(60, 260))
     with torch.no_grad():
         for p in trainable.parameters():
             if p.dim() == 2:
                 p.mul_(10.0)
+            else:
+                p.uniform_(0.5, 1.5)
     path = tmp_path_factory.mktemp("eagle-train-head")
-    save_eagle_head(config, trainable.state_for_export(), path, torch.float32)
-    return trainable, load_eagle_head(path, target, "torch")
+    meta = None if variant == "plain" else SpeculatorsMeta("tiny-llama")
+    save_eagle_head(config, trainable.state_for_export(), path, torch.float32, speculators=meta)
+    head = load_eagle_head(path, target, backend)
+    assert head.config == config and (head.native is not None) == (backend == "native")
+    return trainable, head
 
 
 def drafted_logits(head: EagleHead, tokens: list[int], features: torch.Tensor, r: int,
@@ -78,7 +104,8 @@ def drafted_logits(head: EagleHead, tokens: list[int], features: torch.Tensor, r
 def test_unrolled_depths_equal_the_inference_heads_drafting(
     target: LlamaModel, heads: tuple[TrainableEagle, EagleHead], depth: int
 ) -> None:
-    """Training's depth-s row r (both sequences of one batch) = drafting's row r at depth s."""
+    """Training's depth-s row r (both sequences of one batch) = drafting's row r at depth s,
+    for every layer variant and on the native kernel too."""
     trainable, head = heads
     rows = [sequence_features(PagedModel(target, 16, 4), [ids], LAYERS, 4)[0][0].float()
             for ids in SEQUENCES]  # fmt: skip

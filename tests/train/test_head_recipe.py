@@ -14,7 +14,7 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.cli.main import main
-from verispec.models.eagle import load_eagle_head
+from verispec.models.eagle import load_eagle_head, read_eagle_head
 from verispec.models.weights.loader import load_model
 from verispec.train import head_recipe
 from verispec.train.head_recipe import (
@@ -170,6 +170,26 @@ def test_stages_end_to_end(target: Path, tmp_path: Path) -> None:
     out = LLM(model=str(target), speculative=spec, batch_invariant=True).generate(prompts, params)
     plain = LLM(model=str(target), speculative=None, batch_invariant=True)
     assert [o.token_ids for o in out] == [o.token_ids for o in plain.generate(prompts, params)]
+    config = load_model(target, torch.float32, torch.device("cpu"), "torch").config
+    eagle3 = read_eagle_head(tmp_path / "export", config)
+    run_head_stage("export", tmp_path, recipe, resume=True, progress=False,
+                   head_format="speculators")  # fmt: skip
+    spec = json.loads((tmp_path / "export" / "config.json").read_text())["speculators_config"]
+    assert spec["verifier"] == {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]}
+    assert spec["proposal_methods"][0]["speculative_tokens"] == recipe.depths
+    speculators = read_eagle_head(tmp_path / "export", config)
+    assert speculators[0] == eagle3[0] and speculators[1].keys() == eagle3[1].keys()
+    assert all(torch.equal(t, eagle3[1][name]) for name, t in speculators[1].items())
+
+
+def test_head_formats_are_checked_before_any_stage(target: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="head format must be one of eagle3, speculators; got "
+                       "'gguf'"):  # fmt: skip
+        run_head_stage("data", tmp_path, tiny_recipe(target), False, head_format="gguf")
+    with pytest.raises(ValueError, match="the speculators format holds EAGLE-3 heads; medusa"):
+        run_head_stage("data", tmp_path, tiny_recipe(target, kind="medusa"), False,
+                       head_format="speculators")  # fmt: skip
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_run_directory_keeps_its_recipe(target: Path, tmp_path: Path) -> None:
@@ -210,6 +230,9 @@ def test_cli_runs_one_stage_with_only(target: Path, tmp_path: Path, capsys) -> N
     assert not (run / "export").exists()
     assert main([*args, "--only", "export"]) == 0, capsys.readouterr().err
     assert json.loads((run / "export" / "eval.json").read_text())["steps"] == 4
+    assert main([*args, "--only", "export", "--format", "speculators"]) == 0
+    config = json.loads((run / "export" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
 
 
 @pytest.mark.parametrize(
@@ -225,9 +248,12 @@ def test_cli_runs_one_stage_with_only(target: Path, tmp_path: Path, capsys) -> N
         (["train", "eagle", "--target", "TARGET", "--device", "tpu"],
          "device must be auto, cpu, cuda or cuda:N; got 'tpu'"),
         (["train", "target", "--device", "cpu"], "--device apply to 'verispec train eagle"),
+        (["train", "target", "--format", "eagle3"], "--format apply to 'verispec train eagle"),
+        (["train", "medusa", "--target", "TARGET", "--format", "speculators"],
+         "the speculators format holds EAGLE-3 heads; medusa heads are written in their own"),
     ],
     ids=["no-target", "missing-target", "steps-for-target", "zero-prompts", "zero-batch",
-         "bad-device", "device-for-target"],
+         "bad-device", "device-for-target", "format-for-target", "speculators-medusa"],
 )  # fmt: skip
 def test_cli_errors_exit_2_with_one_line(
     args: list[str], message: str, target: Path, tmp_path: Path, capsys

@@ -3,7 +3,11 @@ workloads are built from the held-out standard-library modules by verispec.train
 chat workload is a hand-written set of instructions for chat models, and the agentic one a
 hand-written set of agent turns (a support agent and a travel agent calling tools in JSON, a SQL
 assistant, a code reviewer; eight conversations each, later ones quoting earlier tool calls),
-where later requests' outputs repeat the structure of earlier ones (suffix decoding's home)."""
+where later requests' outputs repeat the structure of earlier ones (suffix decoding's home).
+For code chat models, code_chat holds code-writing instructions (Python, JavaScript, TypeScript,
+Rust, Go, SQL) that share none with the training instructions (verispec.train.instructions),
+and code_edit gives a whole function with one small change to make, so the answer mostly
+copies the prompt (prompt lookup's home)."""
 
 from __future__ import annotations
 
@@ -87,6 +91,10 @@ WORKLOADS: dict[str, Workload] = {
         Workload("free", "open continuation of a module or definition", 128, 16),
         Workload("chat", "answer an instruction (explain, write code, rewrite)", 96, 37, True),
         Workload("agentic", "an agent's next turn (tool calls, SQL, code fixes)", 128, 32, True),
+        Workload("code_chat", "write code for an instruction not in the training set", 256, 16,
+                 True),
+        Workload("code_edit", "rewrite a given function with one small change (mostly copied)",
+                 384, 15, True),
     )
 }
 

@@ -19,6 +19,7 @@ from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.summary import comparison_notes
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
 from verispec.drafters.registry import takes_draft_model
+from verispec.models.weights.loader import load_model
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
@@ -146,6 +147,9 @@ def run(config: BenchConfig, args: argparse.Namespace) -> int:
             ("embedded-target" if embedded else config.target.stem, config.target),
             ("llama-125m-random", random_llama_125m()),
         ]
+        if "verispec-a8" in config.engines:  # the a8 engine's own verify steps
+            models.insert(1, (f"{models[0][0]}:a8", lambda: load_model(
+                config.target, torch.float32, torch.device("cpu"), quantization="a8")))
         if config.plan == "full":  # 4.4 GB of RAM, ~1 min; made in memory each time
             models.append(("llama-1.1b-random", lambda: random_llama(LLAMA_1B)))
         for label, source in models:

@@ -113,8 +113,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        "uses a named model's own draft): auto = w8a8 where the CPU has AVX-512 "
                        "VNNI, else none (as stored)")  # fmt: skip
     bench.add_argument("--workloads", type=_csv(str), default=None,
-                       help="code,edit,free,chat,agentic (chat, agentic: for chat "
-                       "models)")  # fmt: skip
+                       help="code,edit,free,chat,agentic,code_chat,code_edit (the last "
+                       "four: for chat models)")  # fmt: skip
     bench.add_argument("--methods", type=_csv(str), default=None,
                        help=f"methods ({','.join((PLAIN, *method_names()))}; default: those "
                        "that need no head, and eagle/medusa given --eagle/--medusa)")  # fmt: skip
@@ -156,7 +156,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
-    from verispec.train.head_recipe import HEAD_STAGES
+    from verispec.train.head_recipe import HEAD_FORMATS, HEAD_STAGES
     from verispec.train.recipe import STAGES
 
     train = sub.add_parser(
@@ -186,6 +186,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                       help="where the target and head run: cpu (default), cuda, cuda:N, auto")
     head.add_argument("--draft-vocab", type=int, default=None,
                       help="draft vocabulary size (the target's most frequent output tokens)")
+    head.add_argument("--format", choices=HEAD_FORMATS, default=None,
+                      help="layout of the exported EAGLE head: eagle3 (default; vLLM and "
+                      "SGLang's EAGLE-3 layout) or speculators (the speculators package's, "
+                      "vLLM's standard for speculator checkpoints)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,7 +233,7 @@ def _train(args: argparse.Namespace) -> int:
 
 HEAD_KINDS = head_method_names()  # verispec train eagle|medusa: a head of that method
 HEAD_OPTIONS = ("target", "prompts", "num_prompts", "max_tokens", "steps", "draft_vocab",
-                "batch_size", "only", "device")  # fmt: skip
+                "batch_size", "only", "device", "format")  # fmt: skip
 
 
 def _train_head(args: argparse.Namespace) -> int:
@@ -256,12 +260,12 @@ def _train_head(args: argparse.Namespace) -> int:
         recipe.train = replace(recipe.train, batch_size=size)
     from verispec.train.head_recipe import run_head_stage
 
-    device = args.device or "cpu"
+    settings = {"device": args.device or "cpu", "head_format": args.format or "eagle3"}
     if args.only is not None:  # one stage continues a run
-        run_head_stage(args.only, Path(args.out), recipe, resume=True, device=device)
+        run_head_stage(args.only, Path(args.out), recipe, resume=True, **settings)
         return 0
     for i, stage in enumerate(HEAD_STAGES):  # later stages continue what the first began
-        run_head_stage(stage, Path(args.out), recipe, resume=args.resume or i > 0, device=device)
+        run_head_stage(stage, Path(args.out), recipe, resume=args.resume or i > 0, **settings)
     return 0
 
 

@@ -62,7 +62,7 @@ class ModelConfig:
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         num_layers = int(cfg["num_hidden_layers"])
-        rope = _rope_settings(cfg)
+        rope = rope_settings(cfg)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -149,7 +149,7 @@ def _as_id_list(value: int | list[int] | None) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, scaling dict or None); transformers 5 nests theta in rope_parameters."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)

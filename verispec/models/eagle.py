@@ -1,9 +1,10 @@
 """EagleHead: an EAGLE-3 style draft head (one decoder layer over the target's own features).
 
-Checkpoint format (a directory, the layout vLLM and SGLang read for EAGLE-3 heads):
+Checkpoint format (a directory, the layout vLLM and SGLang read for EAGLE-3 heads; the
+speculators package's layout of the same head is read and written too, models/speculators.py):
 config.json with `architectures: ["LlamaForCausalLMEagle3"]`, the layer's Llama shapes
 (hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
-rms_norm_eps, rope_theta, max_position_embeddings), `vocab_size` (the target's),
+rms_norm_eps, rope_theta, rope_scaling, max_position_embeddings), `vocab_size` (the target's),
 `draft_vocab_size`, and `eagle_config.eagle_aux_hidden_state_layer_ids` (the target layers whose
 input residual stream is fused; see LlamaModel.hidden_states); and model.safetensors with
 `fc.weight` [hidden, n_features * hidden], `midlayer.{input_layernorm,hidden_norm,
@@ -18,14 +19,17 @@ One head step for row r (token x_{r+1} at rotary position r, feature f):
   out = y + mlp(norm(y)); logits = lm_head(norm(out)) predicts x_{r+2}.
 f is fc(target features of position r) when they are known, else the head's own `out` of the
 row before (drafting deeper than the target has seen).
+Variants (EagleConfig's switches, as vLLM and the speculators package run them):
+norm_before_residual adds a to h instead of f; norm_before_fc norms the fused features
+(input_norm.weight), fc_norm each fused layer's (fc_norm.{i}.weight), before fc; norm_output
+feeds the next row norm(out) instead of out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +38,13 @@ from verispec.kv.cache import KVCache
 from verispec.models.attention import AttentionLayout
 from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
-from verispec.models.head_files import read_head_dir, write_head_dir
+from verispec.models.eagle_config import EagleConfig
+from verispec.models.head_files import (
+    check_tensor_names,
+    read_head_config,
+    read_head_tensors,
+    write_head_dir,
+)
 from verispec.models.kernels import native_layer
 from verispec.models.kernels.compiled import CompiledStack, check_compile
 from verispec.models.kernels.linear import Linear, pack_together
@@ -46,112 +56,20 @@ from verispec.models.llama import (
     self_attention,
 )
 from verispec.models.rope import inverse_frequencies, rope_cos_sin
+from verispec.models.speculators import (
+    SpeculatorsMeta,
+    eagle3_tensors,
+    from_speculators,
+    is_speculators,
+    speculators_tensors,
+    tensor_shapes,
+    to_speculators,
+    whole_vocab_offsets,
+)
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-
-
-@dataclass(slots=True)
-class EagleConfig:
-    """Shapes of one EAGLE-3 head and the target layers it reads."""
-
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    """The target's vocabulary (ids the head's tokens come from)."""
-    draft_vocab_size: int
-    """Rows of the head's own LM head (the target's most frequent tokens)."""
-    feature_layers: tuple[int, ...]
-    """Target residual streams fused by fc (LlamaModel.hidden_states numbering)."""
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
-
-    @classmethod
-    def for_target(
-        cls, target: ModelConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None
-    ) -> EagleConfig:
-        """A head shaped like one of the target's layers; features by default from a low, a
-        middle and a high layer, as EAGLE-3 (e.g. 30 layers -> 2, 15, 27)."""
-        n = target.num_layers
-        layers = feature_layers or (min(2, n), n // 2, max(n - 3, 0))
-        return cls(
-            hidden_size=target.hidden_size, num_heads=target.num_heads,
-            num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
-            intermediate_size=target.intermediate_size, vocab_size=target.vocab_size,
-            draft_vocab_size=draft_vocab_size, feature_layers=tuple(layers),
-            rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-            max_position_embeddings=target.max_position_embeddings,
-        )  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> EagleConfig:
-        """Parse config.json; ValueError when it is not an EAGLE-3 head."""
-        if ARCHITECTURE not in (cfg.get("architectures") or []):
-            raise ValueError(
-                f"not an EAGLE-3 head: config.json architectures must include {ARCHITECTURE!r}, "
-                f"got {cfg.get('architectures')!r}"
-            )
-        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        layers = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        if not layers:
-            raise ValueError("EAGLE-3 config lacks eagle_config.eagle_aux_hidden_state_layer_ids")
-        return cls(
-            hidden_size=hidden, num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
-            draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
-            feature_layers=tuple(int(i) for i in layers),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        )  # fmt: skip
-
-    def to_dict(self) -> dict[str, Any]:
-        """config.json contents (the inverse of from_dict)."""
-        d = asdict(self)
-        return {
-            "architectures": [ARCHITECTURE], "model_type": "llama",
-            "hidden_size": d["hidden_size"], "num_attention_heads": d["num_heads"],
-            "num_key_value_heads": d["num_kv_heads"], "head_dim": d["head_dim"],
-            "intermediate_size": d["intermediate_size"], "num_hidden_layers": 1,
-            "vocab_size": d["vocab_size"], "draft_vocab_size": d["draft_vocab_size"],
-            "rms_norm_eps": d["rms_norm_eps"], "rope_theta": d["rope_theta"],
-            "max_position_embeddings": d["max_position_embeddings"],
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.feature_layers)},
-        }  # fmt: skip
-
-    def layer_config(self) -> ModelConfig:
-        """The head's one decoder layer as a ModelConfig (what attention reads)."""
-        return ModelConfig(
-            architecture="LlamaForCausalLM", vocab_size=self.draft_vocab_size,
-            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_layers=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
-            max_position_embeddings=self.max_position_embeddings, rope_theta=self.rope_theta,
-        )  # fmt: skip
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor of the checkpoint and its shape."""
-        h, d = self.hidden_size, self.head_dim
-        m = "midlayer."
-        return {
-            "fc.weight": (h, len(self.feature_layers) * h),
-            f"{m}input_layernorm.weight": (h,), f"{m}hidden_norm.weight": (h,),
-            f"{m}post_attention_layernorm.weight": (h,),
-            f"{m}self_attn.q_proj.weight": (self.num_heads * d, 2 * h),
-            f"{m}self_attn.k_proj.weight": (self.num_kv_heads * d, 2 * h),
-            f"{m}self_attn.v_proj.weight": (self.num_kv_heads * d, 2 * h),
-            f"{m}self_attn.o_proj.weight": (h, self.num_heads * d),
-            f"{m}mlp.gate_proj.weight": (self.intermediate_size, h),
-            f"{m}mlp.up_proj.weight": (self.intermediate_size, h),
-            f"{m}mlp.down_proj.weight": (h, self.intermediate_size),
-            "norm.weight": (h,), "lm_head.weight": (self.draft_vocab_size, h),
-            "d2t": (self.draft_vocab_size,),
-        }  # fmt: skip
+WHAT = "EAGLE head"
+FUSED = ("input_norm.", "fc_norm.")
+"""Name prefixes of the norms over the fused features (EagleConfig.tensor_shapes)."""
 
 
 class EagleHead:
@@ -185,6 +103,8 @@ class EagleHead:
         qkv = torch.cat([floats[f"{m}self_attn.{n}_proj.weight"] for n in "qkv"])
         gate_up = torch.cat([floats[f"{m}mlp.gate_proj.weight"], floats[f"{m}mlp.up_proj.weight"]])
         self.fc = linear("fc.weight")
+        self.fused_norms = [floats[k] for k in config.tensor_shapes() if k.startswith(FUSED)]
+        """norm_before_fc: [the fused features' norm]; fc_norm: one per fused layer; else []."""
         self.hidden_norm = floats[f"{m}hidden_norm.weight"]
         self.layer = DecoderLayer(
             input_norm=floats[f"{m}input_layernorm.weight"],
@@ -202,9 +122,9 @@ class EagleHead:
         self.draft_to_target = torch.arange(len(offsets), device=self.device) + offsets
         """[draft vocab] int64: the target id of each draft id."""
         check_draft_ids(self.draft_to_target, config.vocab_size)
-        self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, None).to(
-            self.device
-        )
+        self.inv_freq = inverse_frequencies(
+            config.head_dim, config.rope_theta, config.rope_scaling
+        ).to(self.device)
         self.compiled: CompiledStack | None = None
         """The head's step under torch.compile (see compile); None = eager."""
         self.native: native_layer.NativeStack | None = None
@@ -223,8 +143,14 @@ class EagleHead:
                        self.device)  # fmt: skip
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features [n, n_layers * hidden] -> the head's input feature [n, hidden]."""
-        return self.fc(features.to(self.dtype))
+        """Target features [n, n_layers * hidden] -> the head's input feature [n, hidden]
+        (normed first, whole or per layer, where the config says so)."""
+        x = features.to(self.dtype)
+        if self.fused_norms:
+            parts = x.chunk(len(self.fused_norms), dim=-1)
+            pairs = zip(parts, self.fused_norms, strict=True)
+            x = torch.cat([rms_norm(p, w, self.config.rms_norm_eps) for p, w in pairs], dim=-1)
+        return self.fc(x)
 
     @torch.inference_mode()
     def forward(
@@ -255,11 +181,14 @@ class EagleHead:
         slot_mapping [T]; feature [T, hidden]; logits_indices [L])."""
         eps = self.config.rms_norm_eps
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim]
-        x = self.layer_input(input_ids, feature)  # [T, 2 * hidden]
+        x, residual = self.layer_input(input_ids, feature)  # [T, 2 * hidden], [T, hidden]
         inputs = LayerInputs(slot_mapping, kv, layout, cos, sin)
-        y = feature + self_attention(self.layer_config, 0, self.layer, x, inputs)
+        y = residual + self_attention(self.layer_config, 0, self.layer, x, inputs)
         gate, up = self.layer.gate_up(rms_norm(y, self.layer.post_norm, eps)).chunk(2, dim=-1)
         out = y + self.layer.down(F.silu(gate) * up)  # [T, hidden]
+        if self.config.norm_output:  # the next rows read the normed output
+            out = rms_norm(out, self.norm, eps)
+            return out, self.lm_head(out.index_select(0, logits_indices)).float()
         rows = out.index_select(0, logits_indices)
         return out, self.lm_head(rms_norm(rows, self.norm, eps)).float()
 
@@ -267,20 +196,25 @@ class EagleHead:
         self, batch: ForwardBatch, kv: KVCache, feature: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """step's values (within float32 rounding) with the layer in one native call: the
-        normed embedding and feature side by side are its first input, the feature its
+        normed embedding and feature side by side are its first input, the residual its
         residual stream."""
-        first = self.layer_input(batch.input_ids, feature)  # [T, 2 * hidden]
-        out = feature.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
+        first, residual = self.layer_input(batch.input_ids, feature)
+        out = residual.clone(memory_format=torch.contiguous_format)  # [T, hidden], updated
         stack = cast(native_layer.NativeStack, self.native)
-        normed, _ = stack.run(batch, kv, out, first_input=first)
-        return out, self.lm_head(normed.index_select(0, batch.logits_indices)).float()
+        normed, _ = stack.run(batch, kv, out, first_input=first)  # [T, hidden]
+        logits = self.lm_head(normed.index_select(0, batch.logits_indices)).float()
+        return normed if self.config.norm_output else out, logits
 
-    def layer_input(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        """What the head's q/k/v read: the normed token embedding and the normed feature side
-        by side, [T, 2 * hidden]."""
+    def layer_input(
+        self, input_ids: torch.Tensor, feature: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the head's q/k/v read, the normed token embedding and the normed feature side
+        by side [T, 2 * hidden]; and the residual the attention adds to [T, hidden]: the
+        feature, or the normed feature where norm_before_residual."""
         eps = self.config.rms_norm_eps
         e = rms_norm(self.embed.index_select(0, input_ids), self.layer.input_norm, eps)
-        return torch.cat([e, rms_norm(feature, self.hidden_norm, eps)], dim=-1)
+        h = rms_norm(feature, self.hidden_norm, eps)
+        return torch.cat([e, h], dim=-1), h if self.config.norm_before_residual else feature
 
     def compile(self, backend: str | Callable = "inductor") -> None:
         """Run the head's step through torch.compile from now on (models/kernels/compiled.py)."""
@@ -308,6 +242,19 @@ def check_draft_ids(draft_to_target: torch.Tensor, vocab_size: int) -> None:
         raise ValueError("d2t maps two draft ids to the same target id")
 
 
+def read_eagle_head(path: Path, target: ModelConfig) -> tuple[EagleConfig, dict[str, torch.Tensor]]:
+    """(config, tensors under the EAGLE-3 names) of a head directory in the EAGLE-3 layout or
+    the speculators one (told apart by its config.json); ValueError when it is malformed or is
+    a speculators head verispec cannot run for `target`."""
+    raw = read_head_config(path, WHAT)
+    if not is_speculators(raw):
+        config = EagleConfig.from_dict(raw)
+        return config, read_head_tensors(path, WHAT, config.tensor_shapes())
+    config, _ = from_speculators(raw, target)
+    weights = read_head_tensors(path, WHAT, tensor_shapes(config), whole_vocab_offsets(config))
+    return config, eagle3_tensors(config, weights)
+
+
 def load_eagle_head(
     path: Path,
     target: LlamaModel,
@@ -316,14 +263,8 @@ def load_eagle_head(
     quantization: str | None = None,
     compile: bool = False,
 ) -> EagleHead:
-    """Read a head directory (config.json + *.safetensors) for `target`; compile as for
-    load_model."""
-
-    def parse(raw: dict[str, Any]) -> tuple[EagleConfig, dict[str, tuple[int, ...]]]:
-        config = EagleConfig.from_dict(raw)
-        return config, config.tensor_shapes()
-
-    config, weights = read_head_dir(path, "EAGLE head", parse)
+    """Read a head directory (read_eagle_head) for `target`; compile as for load_model."""
+    config, weights = read_eagle_head(path, target.config)
     head = EagleHead(config, weights, target, backend, batch_invariant, quantization)
     if compile:
         head.compile()
@@ -332,7 +273,15 @@ def load_eagle_head(
 
 def save_eagle_head(
     config: EagleConfig, tensors: dict[str, torch.Tensor], path: Path,
-    dtype: torch.dtype = torch.float16,
+    dtype: torch.dtype = torch.float16, speculators: SpeculatorsMeta | None = None,
 ) -> None:  # fmt: skip
-    """Write a head directory: config.json and model.safetensors (floats in dtype, d2t int64)."""
-    write_head_dir(config.to_dict(), tensors, config.tensor_shapes(), path, dtype)
+    """Write a head directory: config.json and model.safetensors (floats in dtype, d2t int64),
+    in the EAGLE-3 layout, or in the speculators one when `speculators` says what to record."""
+    check_tensor_names(tensors, config.tensor_shapes())
+    offsets = tensors["d2t"].long()  # [draft vocab]
+    check_draft_ids(torch.arange(len(offsets)) + offsets, config.vocab_size)
+    if speculators is None:
+        write_head_dir(config.to_dict(), tensors, config.tensor_shapes(), path, dtype)
+        return
+    stored, shapes = speculators_tensors(config, tensors)
+    write_head_dir(to_speculators(config, speculators), stored, shapes, path, dtype)

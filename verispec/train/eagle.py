@@ -37,7 +37,11 @@ class TrainableEagle(nn.Module):
         to_draft = torch.full((c.vocab_size,), -1, dtype=torch.long)
         to_draft[draft_ids.long()] = torch.arange(len(draft_ids))
         self.register_buffer("to_draft", to_draft, persistent=False)  # [vocab] draft id or -1
-        self.fc = nn.Linear(len(c.feature_layers) * h, h, bias=False)
+        n = len(c.feature_layers)
+        self.fc = nn.Linear(n * h, h, bias=False)
+        widths = [n * h] if c.norm_before_fc else [h] * n if c.fc_norm else []
+        self.fused_norms = nn.ParameterList([nn.Parameter(torch.ones(w)) for w in widths])
+        """The norms over the fused features before fc, where the config has them."""
         self.input_norm = nn.Parameter(torch.ones(h))
         self.hidden_norm = nn.Parameter(torch.ones(h))
         self.q = nn.Linear(2 * h, c.num_heads * d, bias=False)
@@ -59,7 +63,7 @@ class TrainableEagle(nn.Module):
         else:
             nn.init.normal_(self.lm_head.weight, std=0.02)
         self.register_buffer(
-            "inv_freq", inverse_frequencies(d, c.rope_theta, None), persistent=False
+            "inv_freq", inverse_frequencies(d, c.rope_theta, c.rope_scaling), persistent=False
         )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -79,12 +83,18 @@ class TrainableEagle(nn.Module):
         positions = torch.arange(rows, device=token_ids.device)
         cos, sin = rope_cos_sin(positions, self.inv_freq, torch.float32)  # [R, head_dim]
         emb = self._norm(self.embed[token_ids[:, 1:]], self.input_norm)  # [B, R, H]
-        feature = self.fc(features[:, :rows, : self.fc.in_features].float())  # [B, R, H]
+        fused = features[:, :rows, : self.fc.in_features].float()  # [B, R, F]
+        if len(self.fused_norms):
+            parts = fused.chunk(len(self.fused_norms), dim=-1)
+            fused = torch.cat([self._norm(p, w) for p, w in zip(parts, self.fused_norms,
+                                                                 strict=True)], dim=-1)  # fmt: skip
+        feature = self.fc(fused)  # [B, R, H]
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         logits = []
         for _ in range(depths):
-            x = torch.cat([emb, self._norm(feature, self.hidden_norm)], dim=-1)  # [B, R, 2H]
+            normed = self._norm(feature, self.hidden_norm)  # [B, R, H]
+            x = torch.cat([emb, normed], dim=-1)  # [B, R, 2H]
             q = self.q(x).view(b, rows, c.num_heads, c.head_dim)
             k = self.k(x).view(b, rows, c.num_kv_heads, c.head_dim)
             v = self.v(x).view(b, rows, c.num_kv_heads, c.head_dim)
@@ -92,11 +102,14 @@ class TrainableEagle(nn.Module):
             k = apply_rope(k.flatten(0, 1), cos.repeat(b, 1), sin.repeat(b, 1)).view_as(k)
             keys.append(k)
             values.append(v)
-            y = feature + self.o(self._unrolled_attention(q, keys, values).flatten(2))
+            residual = normed if c.norm_before_residual else feature
+            y = residual + self.o(self._unrolled_attention(q, keys, values).flatten(2))
             out = y + self.down(F.silu(self.gate(self._norm(y, self.post_norm)))
                                 * self.up(self._norm(y, self.post_norm)))  # fmt: skip
-            logits.append(self.lm_head(self._norm(out, self.norm)))
-            feature = F.pad(out[:, :-1], (0, 0, 1, 0))  # row r reads row r - 1's output
+            final = self._norm(out, self.norm)
+            logits.append(self.lm_head(final))
+            fed = final if c.norm_output else out
+            feature = F.pad(fed[:, :-1], (0, 0, 1, 0))  # row r reads row r - 1's output
         return logits
 
     def _unrolled_attention(
@@ -134,9 +147,13 @@ class TrainableEagle(nn.Module):
         return out.transpose(1, 2)  # [B, R, H, D]
 
     def state_for_export(self) -> dict[str, torch.Tensor]:
-        """The checkpoint tensors under the EAGLE-3 names (verispec/models/eagle.py)."""
+        """The checkpoint tensors under the EAGLE-3 names (verispec/models/eagle_config.py)."""
         m = "midlayer."
+        n = len(self.fused_norms)
+        names = ["input_norm.weight"] if self.config.norm_before_fc else [
+            f"fc_norm.{i}.weight" for i in range(n)]  # fmt: skip
         return {
+            **dict(zip(names, self.fused_norms, strict=True)),
             "fc.weight": self.fc.weight, f"{m}input_layernorm.weight": self.input_norm,
             f"{m}hidden_norm.weight": self.hidden_norm,
             f"{m}self_attn.q_proj.weight": self.q.weight,

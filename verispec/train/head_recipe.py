@@ -8,6 +8,10 @@ A run directory holds every stage's output, so each stage resumes where it stopp
     RUN/heldout/                      the same for held-out prompts (evaluation)
     RUN/head/checkpoint.pt            training state (--resume continues it)
     RUN/export/                       the head (fp16 safetensors + config.json) and eval.json
+
+An EAGLE head is exported in the EAGLE-3 layout, or in the speculators package's (vLLM's
+standard for speculator checkpoints) when asked: the format is not part of the recipe, so one
+trained head can be exported in either.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ from verispec.models.config import ModelConfig
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.medusa import MedusaConfig, save_medusa_heads
 from verispec.models.paged import PagedModel
+from verispec.models.speculators import SpeculatorsMeta
 from verispec.models.weights.loader import load_model, resolve_device, resolve_model_path
 from verispec.tokenizer import Tokenizer
 from verispec.train.corpus import corpus_files
@@ -47,6 +53,8 @@ from verispec.train.prompts import build_prompts
 from verispec.train.trainer import LossFn, TrainConfig, load_trained, to_device, train
 
 HEAD_STAGES = ("data", "train", "export")
+HEAD_FORMATS = ("eagle3", "speculators")
+"""Layouts of an exported EAGLE head: EAGLE-3's (vLLM, SGLang) or the speculators package's."""
 CPU = torch.device("cpu")
 
 
@@ -102,15 +110,29 @@ def recipe_for(target: str, kind: str = HEAD_METHOD, prompts: str | None = None)
 
 
 def run_head_stage(stage: str, run_dir: Path, recipe: HeadRecipe, resume: bool,
-                   progress: bool = True, device: str = "cpu") -> None:  # fmt: skip
+                   progress: bool = True, device: str = "cpu",
+                   head_format: str = "eagle3") -> None:  # fmt: skip
     """Run one stage (one of HEAD_STAGES) in run_dir. device (cpu, cuda, cuda:N or auto) runs
     the target (data) and the head (train) there; the export and its evaluation run on the CPU.
-    The device does not enter the recipe: a run may continue on another one."""
+    head_format (one of HEAD_FORMATS) is the export's layout. Neither enters the recipe: a run
+    may continue on another device, and its head be exported again in another layout."""
     if stage not in HEAD_STAGES:
         raise ValueError(f"stage must be one of {', '.join(HEAD_STAGES)}; got {stage!r}")
+    check_head_format(head_format, recipe)
     where = resolve_device(device)
     _check_recipe(run_dir, recipe, resume)
-    {"data": _data, "train": _train, "export": _export}[stage](run_dir, recipe, progress, where)
+    export = partial(_export, head_format=head_format)
+    {"data": _data, "train": _train, "export": export}[stage](run_dir, recipe, progress, where)
+
+
+def check_head_format(head_format: str, recipe: HeadRecipe) -> None:
+    """The format must be one of HEAD_FORMATS, and the speculators one is for EAGLE heads."""
+    if head_format not in HEAD_FORMATS:
+        raise ValueError(f"head format must be one of {', '.join(HEAD_FORMATS)}; got "
+                         f"{head_format!r}")  # fmt: skip
+    if head_format == "speculators" and not fuses_features(recipe):
+        raise ValueError(f"the speculators format holds EAGLE-3 heads; {recipe.kind} heads are "
+                         "written in their own layout (leave out --format)")  # fmt: skip
 
 
 def _check_recipe(run_dir: Path, recipe: HeadRecipe, resume: bool) -> None:
@@ -203,10 +225,10 @@ def _records(directory: Path, device: torch.device = CPU) -> list[dict[str, Any]
     return [to_device(r, device) for r in load_features(paths)]
 
 
-def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slice]:
-    """A fresh head of the recipe's kind and the feature columns it reads. Its draft
-    vocabulary is the training responses' most frequent tokens; its LM head rows start as
-    the target's rows of those tokens."""
+def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slice, ModelConfig]:
+    """A fresh head of the recipe's kind, the feature columns it reads and the target's
+    config. Its draft vocabulary is the training responses' most frequent tokens; its LM head
+    rows start as the target's rows of those tokens."""
     target = load_model(resolve_model_path(recipe.target), torch.float32, CPU,
                         "torch")  # fmt: skip
     examples = read_responses(sorted((run_dir / "responses").rglob("responses-*.jsonl")))
@@ -223,9 +245,10 @@ def build_head(recipe: HeadRecipe, run_dir: Path) -> tuple[torch.nn.Module, slic
                               target.config.vocab_size, size)  # fmt: skip
         heads = TrainableMedusa(config, target.final_norm, target.config.rms_norm_eps, draft_ids,
                                 init)  # fmt: skip
-        return heads, columns
+        return heads, columns, target.config
     eagle = EagleConfig.for_target(target.config, size, recipe.feature_layers)
-    return TrainableEagle(eagle, target.embed, draft_ids, lm_head_init=init), columns
+    head = TrainableEagle(eagle, target.embed, draft_ids, lm_head_init=init)
+    return head, columns, target.config
 
 
 def fuses_features(recipe: HeadRecipe) -> bool:
@@ -325,7 +348,7 @@ def evaluate_head(model: torch.nn.Module, recipe: HeadRecipe, columns: slice,
 
 def _train(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
     records = _records(run_dir, device)
-    model, columns = build_head(recipe, run_dir)
+    model, columns, _ = build_head(recipe, run_dir)
     n = sum(p.numel() for p in model.parameters())
     tokens = sum(len(r["token_ids"]) for r in records)
     _log(progress, f"{recipe.kind}: {n / 1e6:.1f}M parameters; {len(records)} sequences, "
@@ -335,12 +358,18 @@ def _train(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.devi
           desc=recipe.kind, device=device)  # fmt: skip
 
 
-def _export(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device) -> None:
-    model, columns = build_head(recipe, run_dir)
+def _export(run_dir: Path, recipe: HeadRecipe, progress: bool, device: torch.device,
+            head_format: str) -> None:  # fmt: skip
+    model, columns, target = build_head(recipe, run_dir)
     state = load_trained(model, run_dir / "head")
     out = run_dir / "export"
-    save = save_eagle_head if fuses_features(recipe) else save_medusa_heads
-    save(model.config, model.state_for_export(), out)
+    if not fuses_features(recipe):
+        save_medusa_heads(model.config, model.state_for_export(), out)
+    else:
+        meta = None  # the speculators format names the target and the draft length trained for
+        if head_format == "speculators":
+            meta = SpeculatorsMeta(recipe.target, (target.architecture,), recipe.depths)
+        save_eagle_head(model.config, model.state_for_export(), out, speculators=meta)
     started = time.perf_counter()
     agreement = evaluate_head(model, recipe, columns, _records(run_dir / "heldout"))
     report = {

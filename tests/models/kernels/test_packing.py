@@ -714,7 +714,11 @@ def test_q6_super_needs_its_factors_and_zero_m() -> None:
     half = affine.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
                                      short)  # fmt: skip
     assert packing.pack_codes(half).format == F.Q8_F32_D_HALVES
-    assert not packing.a8_packable(codes)
+    assert packing.a8_packable(codes)  # kind 15
+    for other in (with_m, half):
+        assert not packing.a8_packable(other)
+        with pytest.raises(ValueError, match="one d and m per 32 columns"):
+            packing.pack_codes_a8(other)
 
 
 @needs_kernel
@@ -763,6 +767,7 @@ def test_each_packer_names_the_format_of_its_layout() -> None:
         (packing.pack_codes_a8(q4_k_super), F.Q4_SUPER_A8),
         (packing.pack_codes(q6_k_super), F.Q6_SUPER_D),
         (packing.pack_q6(q6_k_super), F.Q6_SUPER_D),
+        (packing.pack_codes_a8(q6_k_super), F.Q6_SUPER_A8),
     ]
     for p, fmt in packed:
         assert isinstance(p.format, ffi.WeightFormat) and p.format == fmt, (p.format, fmt)
@@ -771,3 +776,50 @@ def test_each_packer_names_the_format_of_its_layout() -> None:
         # float weights' columns padded to 16; codes' in_features are their padded columns
         assert p.columns == (48 if p.scales is None else p.in_features), fmt
     assert {fmt for _, fmt in packed} == set(F)
+
+
+def test_q6_a8_layout_worked_example() -> None:
+    """Kind 15 (Q6_SUPER_A8): kind 14's planes and scales, each chunk's codes in kind 3's
+    order, so that position 64 k + 4 j + e (row j, column 4 k + e) is where kind 14 keeps row
+    (64 k + 4 j + e) // 32, column (64 k + 4 j + e) % 32."""
+    codes = q6_k_super_codes(37, 2, 3)
+    codes.codes[1, 5] = 0x2B - 32  # row 1, column 5 = 4 * 1 + 1: position 64 + 4 + 1 = 69
+    p = packing.pack_codes_a8(codes)
+    assert p.format == F.Q6_SUPER_A8 == 15 and p.scales is not None
+    b = p.codes.view(torch.uint8)
+    # where kind 14 keeps row 2, column 5 (position 69: its own worked example)
+    assert b[0, 0, 5] >> 4 == 0xB and (b[0, 0, 256 + 5] >> 2) & 3 == 2
+    assert torch.equal(p.scales, packing.pack_q6(codes).scales)
+    assert p.codes.shape == (3, 16, 384) and p.bytes / (48 * 512) == 0.8203125
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out", "supers"), [(37, 1), (64, 2), (200, 3)])
+def test_q6_a8_products_round_each_row_on_its_own(out: int, supers: int) -> None:
+    """Kind 15: Q6_K codes times x rounded to 8-bit blocks, near that product in float64;
+    bit for bit the same on every instruction set (VNNI or the portable loop: the same
+    integers, then the same fmas) and for a row alone or among others."""
+    codes = q6_k_super_codes(out, supers, out)
+    f = codes.super_scales
+    assert isinstance(f, affine.Q6Scales)
+    f.d16[1 % out, -1] = 0.01  # not 60000: the products stay near their float64 values
+    d = f.d16.float().repeat_interleave(16, 1) * f.sc.float()
+    codes = affine.AffineCodes(codes.codes, d, codes.m, 16, f)
+    packed = packing.pack_codes_a8(codes)
+    assert packed.format == F.Q6_SUPER_A8
+    g = torch.Generator().manual_seed(out)
+    x = torch.randn(40, supers * 256, generator=g) * torch.logspace(-3, 1, supers * 256)
+    x[0, :32] = 0.0  # an all-zero chunk rounds to zeros
+    bias = torch.randn(out, generator=g)
+    w = materialized(codes)
+    expected = round_rows_like_the_kernel(x).double() @ w.double().T + bias.double()
+    scale = round_rows_like_the_kernel(x).double().abs() @ w.double().abs().T
+    results = []
+    for kernel in kernels():
+        whole = product.product_on(kernel, x, packed, bias)
+        assert ((whole.double() - expected).abs() <= 1e-5 * scale + 1e-5).all(), kernel.isa_name
+        for rows in ROW_COUNTS:
+            alone = product.product_on(kernel, x[:rows], packed, bias)
+            assert torch.equal(alone, whole[:rows]), (kernel.isa_name, rows)
+        results.append(whole)
+    assert all(torch.equal(r, results[0]) for r in results)

@@ -15,7 +15,7 @@ from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, hf_logits, random_ids
 from verispec import LLM
 from verispec.models.kernels import build
-from verispec.models.kernels.affine import affine_codes
+from verispec.models.kernels.affine import affine_codes, dequantize_codes
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable, native_kernel
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear
@@ -24,6 +24,7 @@ from verispec.models.kernels.quantization import (
     draft_quantization,
     int8_per_channel,
     round_to_fp16,
+    round_to_q4_1,
     round_to_q8_0,
 )
 from verispec.models.weights.loader import load_model
@@ -82,9 +83,62 @@ def test_q8_0_weights_stream_as_8_bit_codes_on_the_native_kernel() -> None:
     assert_close(linear(x).double(), x.double() @ round_to_q8_0(w).double().T, atol=2e-5, rtol=0)
 
 
+def test_q4_1_worked_example() -> None:
+    w = torch.zeros(1, 32)
+    w[0, :4] = torch.tensor([0.0, 1.5, 3.0, 0.75])
+    codes = round_to_q4_1(w)
+    assert codes.codes[0, :5].tolist() == [0, 8, 15, 4, 0]
+    assert codes.d.item() == 0.199951171875 and codes.m.item() == 0.0
+    with pytest.raises(ValueError, match="blocks of 32 columns; this weight has 40"):
+        round_to_q4_1(torch.zeros(2, 40))
+
+
+def test_q4_1_error_is_at_most_half_a_step() -> None:
+    """Every value within half its block's d (plus float16's rounding of m) of the weight, and
+    the codes in 0..15 with float16 d and m, as GGUF's Q4_1 stores them."""
+    w = torch.randn(8, 128, generator=torch.Generator().manual_seed(4))
+    w[0, :32] = 0.5  # a constant block: d 0, every code 0, exact
+    codes = round_to_q4_1(w)
+    assert codes.four_bit and torch.equal(codes.d.half().float(), codes.d)
+    assert torch.equal(codes.m.half().float(), codes.m)
+    d = codes.d.repeat_interleave(32, 1)
+    values = codes.codes.float() * d + codes.m.repeat_interleave(32, 1)
+    slack = codes.m.abs().repeat_interleave(32, 1) * 2**-10
+    assert ((values - w).abs() <= d / 2 + slack + 1e-6).all()
+    assert torch.equal(values[0, :32], w[0, :32])
+
+
+def test_q4_1_from_a_files_codes_equals_it_from_their_values() -> None:
+    """A GGUF weight's codes are rounded a few rows at a time, never dequantized whole: the
+    same codes, d and m as rounding the dequantized weight."""
+    codes = affine_codes(round_to_q8_0(torch.randn(40, 96, generator=torch.Generator())))
+    assert codes is not None
+    direct, whole = round_to_q4_1(codes), round_to_q4_1(dequantize_codes(codes))
+    assert torch.equal(direct.codes, whole.codes) and torch.equal(direct.d, whole.d)
+    assert torch.equal(direct.m, whole.m)
+
+
+@pytest.mark.skipif(not isinstance(native_kernel(), NativeKernel), reason="no native kernel")
+def test_w4a8_weights_stream_as_4_bit_codes_times_8_bit_inputs() -> None:
+    """quantization "w4a8": the weight rounded to Q4_1's codes (two a byte, float16 d and m) and
+    multiplied by inputs rounded to 8-bit blocks: near x times the rounded weight."""
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(5))
+    linear = Linear(w, None, "auto", quantization="w4a8")
+    packed = linear.packed
+    assert packed is not None and packed.format == WeightFormat.Q4_A8
+    codes = round_to_q4_1(w)
+    rounded = codes.codes.float() * codes.d.repeat_interleave(32, 1) + codes.m.repeat_interleave(
+        32, 1)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(6))
+    blocks = x.view(3, -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    x8 = (torch.round(blocks * (127 / amax)) * (amax / 127)).view_as(x)  # as linear.c rounds x
+    assert_close(linear(x).double(), x8.double() @ rounded.double().T, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["int4", "FP16", "", 8])
 def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
-    with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8 or None"):
+    with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8, w4a8 or None"):
         check_quantization(name)  # type: ignore[arg-type]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -33,6 +33,7 @@ class WeightFormat(IntEnum):
     Q4_SUPER_DM = 12
     Q4_SUPER_A8 = 13
     Q6_SUPER_D = 14
+    Q6_SUPER_A8 = 15
 
 
 def declare(lib: ctypes.CDLL) -> None:

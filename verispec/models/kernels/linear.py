@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -18,6 +18,7 @@ from verispec.models.kernels.quantization import (
     ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
     round_to_fp16,
+    round_to_q4_1,
     round_to_q8_0,
 )
 
@@ -25,21 +26,24 @@ PACK_ROWS = 2048
 """Rows of codes packed at a time (a multiple of the kernel's 16-row blocks)."""
 
 
-def pack_codes_by_rows(codes: AffineCodes) -> PackedWeight:
-    """packing.pack_codes, PACK_ROWS rows at a time into one preallocated output, so a
-    large weight (a 150k-row LM head) never has several whole copies alive while it packs.
+def pack_codes_by_rows(
+    codes: AffineCodes, packer: Callable[[AffineCodes], PackedWeight] = packing.pack_codes
+) -> PackedWeight:
+    """packer (packing.pack_codes or pack_codes_a8), PACK_ROWS rows at a time into one
+    preallocated output, so a large weight (a 150k-row LM head) never has several whole copies
+    alive while it packs.
     The packed layout is blocked by 16 rows, so the pieces are the whole's rows; if a piece
     would pick another format than the first (e.g. one whose m happen to be all zero), the
     whole weight is packed at once instead."""
     rows = codes.codes.shape[0]
     if rows <= PACK_ROWS:
-        return packing.pack_codes(codes)
+        return packer(codes)
     pieces = range(0, rows, PACK_ROWS)
 
     def piece(start: int) -> PackedWeight:
         part = slice(start, start + PACK_ROWS)
         factors = None if codes.super_scales is None else codes.super_scales.rows(part)
-        return packing.pack_codes(AffineCodes(codes.codes[part], codes.d[part],
+        return packer(AffineCodes(codes.codes[part], codes.d[part],
                                               codes.m[part], codes.group,
                                               factors))  # fmt: skip
 
@@ -55,7 +59,7 @@ def pack_codes_by_rows(codes: AffineCodes) -> PackedWeight:
     for start in pieces:
         p = first if start == 0 else piece(start)
         if layout(p) != layout(first):
-            return packing.pack_codes(codes)
+            return packer(codes)
         at = start // packing.ROWS
         weight[at : at + p.codes.shape[0]] = p.codes
         scales[at : at + cast(torch.Tensor, p.scales).shape[0]] = p.scales
@@ -78,10 +82,11 @@ WEIGHT_FORMATS = {
     WeightFormat.Q4_SUPER_DM: "4-bit codes, d and m as stored (Q4_K)",
     WeightFormat.Q4_SUPER_A8: "4-bit codes, d and m as stored, times 8-bit inputs (Q4_K, a8)",
     WeightFormat.Q6_SUPER_D: "6-bit codes, d as stored (Q6_K)",
+    WeightFormat.Q6_SUPER_A8: "6-bit codes, d as stored, times 8-bit inputs (Q6_K, a8)",
 }
 """What each of the native kernel's weight formats holds, for the settings users see."""
 A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
-              WeightFormat.Q8_F32_A8, WeightFormat.Q4_SUPER_A8)
+              WeightFormat.Q8_F32_A8, WeightFormat.Q4_SUPER_A8, WeightFormat.Q6_SUPER_A8)
 
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
@@ -160,8 +165,10 @@ class Linear:
         codes = None  # a GGUF file's codes, computed as stored where the native kernel runs
         if isinstance(weight, AffineCodes):
             keep = backend in ("auto", "native") and native_usable()
-            if keep and quantization in (None, *ACTIVATION_QUANTIZATIONS):
+            if keep and quantization in (None, "a8", "w8a8"):
                 codes = weight
+            elif quantization == "w4a8":  # rounded from the codes, a few rows at a time
+                codes = round_to_q4_1(weight)
             weight = dequantize_codes(weight) if codes is None else weight.codes
         self.out_features, self.in_features = weight.shape
         self.bias = bias
@@ -169,6 +176,8 @@ class Linear:
             weight = round_to_fp16(weight)
         elif quantization in ("q8_0", "w8a8"):
             weight = round_to_q8_0(weight)
+        elif quantization == "w4a8" and codes is None:  # the native kernel's only (kernel_for)
+            codes = round_to_q4_1(weight)
         self.quantization = quantization
         self.kernel = kernel_for(backend, weight, quantization)
         self.row_wise = row_wise and self.kernel != "native"
@@ -191,7 +200,7 @@ class Linear:
                 codes = affine.affine_codes(weight.detach())
             a8 = quantization in ACTIVATION_QUANTIZATIONS
             if codes is not None and a8 and packing.a8_packable(codes):
-                self.packed = packing.pack_codes_a8(codes)
+                self.packed = pack_codes_by_rows(codes, packing.pack_codes_a8)
             elif codes is not None:
                 self.packed = pack_codes_by_rows(codes)
             else:

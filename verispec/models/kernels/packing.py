@@ -189,6 +189,28 @@ def pack_q6(codes: AffineCodes) -> PackedWeight:
                         *codes.codes.shape)  # fmt: skip
 
 
+def pack_q6_a8(codes: AffineCodes) -> PackedWeight:
+    """Q6_K codes with their Q6Scales -> linear.c's kind 15, Q6_SUPER_A8 (quantization "a8"):
+    kind 14's planes and scales, the planes holding each block's chunk in kind 3's order, so
+    that the position p = 64 k + 4 j + e that `q6_planes` gives row j, column l = p % 32 when
+    it reads p = 32 j' + l holds instead row j, column 4 k + e (the 16 rows by 4 columns one
+    vpdpbusd reads). Example: row 1, column 5 (k = 1, e = 1) is position 64 + 4 + 1 = 69,
+    which kind 14 gives row 2, column 5: so pack_q6_a8 puts it where pack_q6 puts row 2,
+    column 5. 0.8203 bytes a weight."""
+    factors = codes.super_scales
+    assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
+    n, k = codes.codes.shape
+    rows = _padded(n)
+    blocks, chunks = rows // ROWS, k // CODE_COLUMNS
+    q = torch.zeros(rows, k, dtype=torch.int8)
+    q[:n] = codes.codes
+    # [B, 16 rows j, C, 8 groups k, 4 columns e] -> [B, C, k, j, e]: kind 3's order of a chunk
+    order = q.view(blocks, ROWS, chunks, 8, 4).permute(0, 2, 3, 1, 4)
+    as_rows = order.reshape(blocks, chunks, ROWS, CODE_COLUMNS).permute(0, 2, 1, 3)
+    planes = q6_planes(as_rows.reshape(rows, k))
+    return PackedWeight(WeightFormat.Q6_SUPER_A8, planes, _q6_scale_bytes(factors, blocks), n, k)
+
+
 def q6_planes(q: torch.Tensor) -> torch.Tensor:
     """Codes q [N, K] int8 in -32..31 (K a multiple of 32) as kind 14's planes [N'/16, K/32,
     384] int8, rows past N zero bytes: of u = q + 32 (0..63, the 6-bit value Q6_K stores) for
@@ -287,9 +309,10 @@ def _codes_and_scales(
 
 
 def a8_packable(codes: AffineCodes) -> bool:
-    """Whether codes have the a8 kinds' form, one d and m per 32 columns (GGUF Q4_0, Q4_1,
-    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K); `pack_codes_a8` refuses the others (Q6_K's 16 columns)."""
-    return codes.group == CODE_COLUMNS
+    """Whether codes have an a8 kind's form: one d and m per 32 columns (GGUF Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q4_K, Q5_K), or Q6_K codes with their Q6Scales (`q6_packable`, kind 15);
+    `pack_codes_a8` refuses the others (d and m per 16 columns without Q6_K's factors)."""
+    return codes.group == CODE_COLUMNS or q6_packable(codes)
 
 
 def pack_codes_a8(codes: AffineCodes) -> PackedWeight:
@@ -307,8 +330,12 @@ def pack_codes_a8(codes: AffineCodes) -> PackedWeight:
     11 (Q8_F32_A8: 8-bit, 1.25): the same operations on the same values as kinds 6 and 3; Q4_K
     codes that carry their SuperScales keep them as stored, kind 13 (Q4_SUPER_A8: 0.578 bytes a
     weight, kind 10's products).
-    Raises ValueError for codes whose d and m change every 16 columns (GGUF Q6_K): the a8
-    kinds store one d and m per 32 columns."""
+    Q6_K codes that carry their Q6Scales go as the file stores them, in kind 3's order
+    (`pack_q6_a8`, kind 15: Q6_SUPER_A8, 0.8203 bytes a weight).
+    Raises ValueError for other codes whose d and m change every 16 columns: the other a8 kinds
+    store one d and m per 32 columns."""
+    if q6_packable(codes):
+        return pack_q6_a8(codes)
     if codes.group != CODE_COLUMNS:
         raise ValueError(f"quantization a8 needs one d and m per {CODE_COLUMNS} columns; these "
                          f"codes have one per {codes.group} (GGUF Q6_K blocks)")  # fmt: skip

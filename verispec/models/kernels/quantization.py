@@ -11,13 +11,15 @@ from __future__ import annotations
 import torch
 
 from verispec.models.kernels import build
+from verispec.models.kernels.affine import AffineCodes, dequantize_codes
 
-QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8")
-ACTIVATION_QUANTIZATIONS = ("a8", "w8a8")
+QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8", "w4a8")
+ACTIVATION_QUANTIZATIONS = ("a8", "w8a8", "w4a8")
 """Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
 computes GGUF models (native kernel, linear.c kind 3): "a8" for weights stored as codes (GGUF
-Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first. Rows are rounded on their
-own, so a verify row still equals the decode step of the same input bit for bit."""
+Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first, "w4a8" to 4-bit codes (Q4_1's
+form: `round_to_q4_1`), which a draft model may take to stream half the bytes. Rows are rounded
+on their own, so a verify row still equals the decode step of the same input bit for bit."""
 Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
@@ -81,6 +83,36 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
     return q.contiguous(), scale.to(weight.dtype)
+
+
+def round_to_q4_1(weight: torch.Tensor | AffineCodes) -> AffineCodes:
+    """Each 32-value block of a row as GGUF's Q4_1 stores it: m = its minimum and d = (max - m)
+    / 15, both rounded to float16, q = round((w - m) / d) clamped to 0..15 (0 where d is 0);
+    w ~= d q + m. The native kernel streams these codes two a byte with float16 d and m (linear.c
+    kind 6 under "w4a8": 0.625 bytes a value). weight may be codes (a GGUF file's), dequantized
+    a few rows at a time. ValueError unless K is a multiple of 32.
+    Example: a block [0.0, 1.5, 3.0, 0.75, then 28 zeros] -> m 0, d 0.2 (float16
+    0.199951171875), q [0, 8, 15, 4, 0, ...] (1.5 / d = 7.50 rounds to 8)."""
+    n, k = weight.codes.shape if isinstance(weight, AffineCodes) else weight.shape
+    if k % Q8_0_COLUMNS:
+        raise ValueError(f"w4a8 rounds blocks of {Q8_0_COLUMNS} columns; this weight has {k}")
+    q = torch.empty(n, k, dtype=torch.int8)
+    d = torch.empty(n, k // Q8_0_COLUMNS)
+    m = torch.empty_like(d)
+    step = max(1, (1 << 22) // k)  # rows at a time: transients stay a few megabytes
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        part = (dequantize_codes(AffineCodes(weight.codes[rows], weight.d[rows], weight.m[rows],
+                                             weight.group))
+                if isinstance(weight, AffineCodes) else weight[rows].float())  # fmt: skip
+        w = part.view(-1, k // Q8_0_COLUMNS, Q8_0_COLUMNS)
+        low, high = torch.aminmax(w, dim=-1, keepdim=True)  # [rows, K/32, 1]
+        mr = low.half().float()
+        dr = ((high - mr) / 15).half().float()
+        safe = torch.where(dr > 0, dr, torch.ones_like(dr))
+        qr = torch.where(dr > 0, torch.round((w - mr) / safe).clamp_(0, 15), torch.zeros_like(w))
+        q[rows], d[rows], m[rows] = qr.view(-1, k), dr.view(-1, k // 32), mr.view(-1, k // 32)
+    return AffineCodes(q, d, m)
 
 
 def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:

@@ -707,14 +707,17 @@ typedef struct {
   int8_t *q;       /* [K / 32][T][32] */
   float *dx, *mx;  /* [K / 32][T] */
   int32_t *corr;   /* [K / 32][T]: -128 * the sum of the chunk's q, where its sum starts */
+  int32_t *half;   /* [K / 32][T]: the sum of the chunk's first 16 q (kind 15's halves) */
   int64_t T, C;    /* rows, chunks per row */
 } RoundedRows;
 
 /* Where chunk c of row t sits in r's arrays. */
 INLINE int64_t at(const RoundedRows r, int64_t t, int64_t c) { return c * r.T + t; }
 
-/* Row t's chunk c of x rounded as above (q, d_x, mx and the sum's correction). */
-static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, int32_t *corr) {
+/* Row t's chunk c of x rounded as above (q, d_x, mx, the sum's correction and its first half's
+ * sum). */
+static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, int32_t *corr,
+                               int32_t *half) {
   float amax = 0.0f;
   for (int l = 0; l < QC; l++) {
     const float a = fabsf(x[l]);
@@ -726,6 +729,7 @@ static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, 
     const int v = _mm_cvtss_si32(_mm_set_ss(x[l] * inv)); /* nearest, ties to even */
     q[l] = (int8_t)v;
     sum += v;
+    if (l == QC / 2 - 1) *half = sum;
   }
   *dx = amax / 127.0f;
   *mx = *dx * (float)sum;
@@ -735,7 +739,7 @@ static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, 
 /* The same with AVX-512: max and integer sums are exact in any order, x * inv is one rounding
  * and vcvtps2dq rounds to nearest even, so the bits are round_chunk's. */
 AVX512 INLINE void round_chunk_avx512(const float *x, int8_t *q, float *dx, float *mx,
-                                      int32_t *corr) {
+                                      int32_t *corr, int32_t *half) {
   const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
   const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
@@ -744,6 +748,7 @@ AVX512 INLINE void round_chunk_avx512(const float *x, int8_t *q, float *dx, floa
   _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(a));
   _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(b));
   const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+  *half = _mm512_reduce_add_epi32(a);
   *dx = amax / 127.0f;
   *mx = *dx * (float)sum;
   *corr = -128 * sum;
@@ -753,7 +758,7 @@ AVX512 static void round_rows_avx512(const float *x, int64_t n, RoundedRows r, i
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < n; i++) {
     const int64_t e = at(r, i / r.C, i % r.C);
-    round_chunk_avx512(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e);
+    round_chunk_avx512(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e, r.half + e);
   }
 }
 
@@ -769,7 +774,7 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < n; i++) {
     const int64_t e = at(r, i / r.C, i % r.C);
-    round_chunk(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e);
+    round_chunk(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e, r.half + e);
   }
 }
 
@@ -1019,12 +1024,122 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
   }
 }
 
+
+/* Kind 15 (Q6_SUPER_A8): kind 14's Q6_K codes and scales as stored, times x rounded to 8-bit
+ * blocks. Its planes hold u = q + 32 in kind 3's order (position 64 k + 4 j + e is row j,
+ * column 4 k + e: packing.pack_q6_a8), so one vector of each plane, shifted and masked, is a
+ * vpdpbusd operand of 16 rows by 4 columns. A chunk's halves (columns 0-15, vectors k < 4, and
+ * 16-31) have their own d = d16 sc, so each row of x has two integer sums, each started at -32
+ * times that half's sum of x's codes: sum (u - 32) q_x = sum q q_x. Then per half
+ * acc = fma(d_x d, sum, acc), low half first. */
+VNNI INLINE void q6_vectors(const uint8_t *p, __m512i *w) {
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  const __m512i h0 = _mm512_loadu_si512(p + 4 * 64), h1 = _mm512_loadu_si512(p + 5 * 64);
+  _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+    const __m512i l = _mm512_loadu_si512(p + 64 * v);
+    _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++) {
+      const int k = 2 * v + n, f = k % 4;
+      const __m512i a = n ? _mm512_srli_epi16(l, 4) : l, hv = k < 4 ? h0 : h1;
+      const __m512i two = f == 0   ? _mm512_slli_epi16(hv, 4)
+                          : f == 1 ? _mm512_slli_epi16(hv, 2)
+                          : f == 2 ? hv
+                                   : _mm512_srli_epi16(hv, 2); /* field f at bits 4, 5 */
+      w[k] = _mm512_ternarylogic_epi32(a, _mm512_and_si512(two, high), low, 0xEC);
+    }
+  }
+}
+
+/* Chunk c's d of a block's Q6_K scales as stored, for its first and last 16 columns: d16 sc,
+ * widen_q6's very products. */
+VNNI INLINE void q6_d(const uint8_t *in, int64_t c, __m512 *lo, __m512 *hi) {
+  const uint8_t *s = in + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
+  const uint8_t *sub = s + 2 * R + (c % SUPER_CHUNKS) * 2 * R;
+  const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+  *lo = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128((const __m128i *)sub))));
+  *hi = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128((const __m128i *)(sub + R)))));
+}
+
+/* Rows t0 .. t0 + TN - 1 of x against a kind 15 block's 16 weight rows (TN <= 8); next, when not
+ * NULL, is the next block, whose chunk c is asked for into L2 while chunk c computes. */
+VNNI INLINE void tile_q6_a8(const RoundedRows r, const uint8_t *cb, const uint8_t *sb,
+                            const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
+                            int64_t rows, int64_t t0, const int TN, const uint8_t *next,
+                            const uint8_t *next_scales) {
+  const int64_t C = K / QC, line = Q6_SUPER_BYTES / SUPER_CHUNKS;
+  __m512 acc[8];
+  _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < C; c++) {
+    if (next) {
+      _Pragma("GCC unroll 6") for (int l = 0; l < Q6_CHUNK_BYTES; l += 64)
+        _mm_prefetch((const char *)(next + c * Q6_CHUNK_BYTES + l), _MM_HINT_T1);
+      _mm_prefetch((const char *)(next_scales + c * line), _MM_HINT_T1);
+    }
+    __m512i w[8];
+    q6_vectors(cb + c * Q6_CHUNK_BYTES, w);
+    __m512 dlo, dhi;
+    q6_d(sb, c, &dlo, &dhi);
+    const int64_t tc = at(r, t0, c);
+    _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
+      const int32_t half = r.half[tc + i], rest = -r.corr[tc + i] / 128 - half;
+      __m512i lo = _mm512_set1_epi32(-32 * half), hi = _mm512_set1_epi32(-32 * rest);
+      const int8_t *q = r.q + (tc + i) * QC;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        int32_t a;
+        __builtin_memcpy(&a, q + 4 * k, 4);
+        const __m512i xa = _mm512_set1_epi32(a);
+        if (k < 4) lo = _mm512_dpbusd_epi32(lo, w[k], xa);
+        else hi = _mm512_dpbusd_epi32(hi, w[k], xa);
+      }
+      const __m512 dx = _mm512_set1_ps(r.dx[tc + i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dlo), _mm512_cvtepi32_ps(lo), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dhi), _mm512_cvtepi32_ps(hi), acc[i]);
+    }
+  }
+  const __mmask16 live = (__mmask16)((1u << rows) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + n0) : _mm512_setzero_ps();
+  _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++)
+    _mm512_mask_storeu_ps(y + (t0 + i) * ldy + n0, live,
+                          bias ? _mm512_add_ps(acc[i], b) : acc[i]);
+}
+
+#define Q6_TILE(TN) tile_q6_a8(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales)
+
+/* Block b of a kind 15 product: tiles of 8 rows of x, then at most one of 4 and one of 1-3, as
+ * a8_block; the first asks for the next block. */
+VNNI INLINE void q6_a8_block(const RoundedRows r, const uint8_t *codes, const char *scales,
+                             const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                             int64_t ldy, int64_t b, const int nib, const int f32,
+                             const int sup, float *converted) {
+  (void)nib, (void)f32, (void)sup, (void)converted;
+  const int64_t blocks = (N + R - 1) / R, block_bytes = (K / QC) * Q6_CHUNK_BYTES;
+  const int64_t scale_bytes = (K / (SUPER_CHUNKS * QC)) * Q6_SUPER_BYTES;
+  const uint8_t *cb = codes + b * block_bytes;
+  const uint8_t *sb = (const uint8_t *)scales + b * scale_bytes;
+  const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL, *next_scales = sb + scale_bytes;
+  const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+  int64_t t = 0;
+  for (; t + 8 <= T; t += 8, next = NULL) Q6_TILE(8);
+  if (t + 4 <= T) {
+    Q6_TILE(4);
+    t += 4, next = NULL;
+  }
+  switch (T - t) {
+    case 3: Q6_TILE(3); break;
+    case 2: Q6_TILE(2); break;
+    case 1: Q6_TILE(1); break;
+    default: break;
+  }
+}
+
 /* [kind]: 3, 11 (8-bit codes), 6, 10, 13 (4-bit codes) */
 A8_ENTRY(a8_blocks_bytes, a8_block, 0, 0, 0, 1)
 A8_ENTRY(a8_blocks_bytes_f32, a8_block, 0, 1, 0, 1)
 A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 0, 0, 1)
 A8_ENTRY(a8_blocks_nibbles_f32, a8_block, 1, 1, 0, 1)
 A8_ENTRY(a8_blocks_nibbles_super, a8_block, 1, 1, 1, 1)
+A8_ENTRY(a8_blocks_q6, q6_a8_block, 0, 0, 0, 1)
 A8_ENTRY(a8_pairs_bytes, a8_pair, 0, 0, 0, 2)
 A8_ENTRY(a8_pairs_bytes_f32, a8_pair, 0, 1, 0, 2)
 A8_ENTRY(a8_pairs_nibbles, a8_pair, 1, 0, 0, 2)
@@ -1033,9 +1148,10 @@ A8_ENTRY(a8_pairs_nibbles_super, a8_pair, 1, 1, 1, 2)
 
 typedef void (*A8Entry)(const RoundedRows, const uint8_t *, const char *, const float *, float *,
                         int64_t, int64_t, int64_t, int64_t, int);
-/* Index: 2 nib + f32 (kinds 3, 11, 6, 10), 4 for kind 13. */
-static const A8Entry A8_BLOCKS[5] = {a8_blocks_bytes, a8_blocks_bytes_f32, a8_blocks_nibbles,
-                                     a8_blocks_nibbles_f32, a8_blocks_nibbles_super};
+/* Index: 2 nib + f32 (kinds 3, 11, 6, 10), 4 for kind 13, 5 for kind 15 (blocks only). */
+static const A8Entry A8_BLOCKS[6] = {a8_blocks_bytes, a8_blocks_bytes_f32, a8_blocks_nibbles,
+                                     a8_blocks_nibbles_f32, a8_blocks_nibbles_super,
+                                     a8_blocks_q6};
 static const A8Entry A8_PAIRS[5] = {a8_pairs_bytes, a8_pairs_bytes_f32, a8_pairs_nibbles,
                                     a8_pairs_nibbles_f32, a8_pairs_nibbles_super};
 
@@ -1085,6 +1201,42 @@ AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
   }
 }
 
+/* Kind 15's sums without VNNI: each block's chunk unpacked (unpack_q6_avx2: q = u - 32, in kind
+ * 3's order), then per half sum q q_x, the same integers as tile_q6_a8's, and the same two fmas
+ * in the same order, so the same bits. */
+AVX2 static void linear_q6_a8_portable(const RoundedRows r, const uint8_t *codes,
+                                       const char *scales, const float *bias, float *y,
+                                       int64_t T, int64_t N, int64_t K, int64_t ldy,
+                                       int threads) {
+  const int64_t blocks = (N + R - 1) / R, C = K / QC;
+  const int64_t scale_bytes = (C / SUPER_CHUNKS) * Q6_SUPER_BYTES;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; b++) {
+    const uint8_t *sb = (const uint8_t *)scales + b * scale_bytes;
+    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+    for (int64_t t = 0; t < T; t++) {
+      float acc[R] = {0};
+      for (int64_t c = 0; c < C; c++) {
+        int8_t q6[R * QC];
+        unpack_q6_avx2((const int8_t *)codes + (b * C + c) * Q6_CHUNK_BYTES, q6, 1);
+        const uint8_t *s = sb + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
+        const int8_t *sub = (const int8_t *)s + 2 * R + (c % SUPER_CHUNKS) * 2 * R;
+        const int64_t tc = at(r, t, c);
+        const int8_t *q = r.q + tc * QC;
+        for (int j = 0; j < R; j++) {
+          int32_t sums[2] = {0, 0};
+          for (int k = 0; k < 8; k++)
+            for (int e = 0; e < 4; e++) sums[k / 4] += q6[64 * k + 4 * j + e] * q[4 * k + e];
+          const float d16 = _cvtsh_ss(((const H16 *)s)[j]);
+          for (int h = 0; h < 2; h++)
+            acc[j] = fmaf(r.dx[tc] * (d16 * (float)sub[h * R + j]), (float)sums[h], acc[j]);
+        }
+      }
+      for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
+    }
+  }
+}
+
 static int has_vnni(void) {
   static int known = -1; /* the same answer for every thread: a benign race */
   if (known < 0) {
@@ -1104,15 +1256,18 @@ int verispec_linear_vnni(void) { return has_vnni(); }
  * the portable loop. */
 static void linear_a8(int isa, const float *x, const uint8_t *codes, const char *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                      int threads, const int nib, const int f32, const int sup) {
+                      int threads, const int nib, const int f32, const int sup, const int q6) {
   const int64_t C = K / QC;
-  /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr [C][T], then q [C][T][32]. */
-  float *f = malloc(sizeof(float) * 3 * T * C + (size_t)(T * K));
-  const RoundedRows r = {(int8_t *)(f + 3 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C),
-                         T, C};
+  /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr and half [2][C][T] int32,
+   * then q [C][T][32]. */
+  float *f = malloc(sizeof(float) * 4 * T * C + (size_t)(T * K));
+  const RoundedRows r = {(int8_t *)(f + 4 * T * C), f, f + T * C, (int32_t *)(f + 2 * T * C),
+                         (int32_t *)(f + 3 * T * C), T, C};
   round_rows(isa, x, T, K, r, threads);
-  const int entry = sup ? 4 : 2 * nib + f32;
-  if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0)
+  const int entry = q6 ? 5 : sup ? 4 : 2 * nib + f32;
+  if (q6 && !(isa == 2 && has_vnni()))
+    linear_q6_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
+  else if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0 && !q6)
     A8_PAIRS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
   else if (isa == 2 && has_vnni())
     A8_BLOCKS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
@@ -1208,7 +1363,8 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
  * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
  * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with
  * them (kind 10's products), 14 = kind 9 with Q6_K's codes and d as stored (6-bit codes in a
- * 4-bit and a 2-bit plane, float16 d16 times int8 sc; kind 9's products). */
+ * 4-bit and a 2-bit plane, float16 d16 times int8 sc; kind 9's products), 15 = kind 14's codes
+ * (in kind 3's order) and scales times x rounded to 8-bit blocks (GGUF Q6_K under a8). */
 int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
 
 /* linear_q8's scale mode of a weight format of codes times float inputs. */
@@ -1235,10 +1391,11 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     case VERISPEC_Q4_F32_A8:
     case VERISPEC_Q8_F32_A8:
     case VERISPEC_Q4_SUPER_A8:
+    case VERISPEC_Q6_SUPER_A8:
       linear_a8(isa, x + t * K, w, (const char *)scales, bias, y + t * N, n, N, K, N, threads,
                 format != VERISPEC_Q8_A8 && format != VERISPEC_Q8_F32_A8,
                 format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8,
-                format == VERISPEC_Q4_SUPER_A8);
+                format == VERISPEC_Q4_SUPER_A8, format == VERISPEC_Q6_SUPER_A8);
       break;
     case VERISPEC_Q8_F32_DM:
     case VERISPEC_Q4_F16_DM:

@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 5
+#define VERISPEC_ABI_VERSION 6
 
 /* What a packed weight holds (packing.py's packers lay each one out). */
 enum verispec_weight_format {
@@ -27,6 +27,7 @@ enum verispec_weight_format {
   VERISPEC_Q4_SUPER_DM = 12,      /* 4-bit codes, Q4_K's d and m as stored: float16 x 6-bit */
   VERISPEC_Q4_SUPER_A8 = 13,      /* the same times 8-bit inputs (Q4_K, a8) */
   VERISPEC_Q6_SUPER_D = 14,       /* 6-bit codes (4 + 2 bit planes), Q6_K's d as stored */
+  VERISPEC_Q6_SUPER_A8 = 15,      /* the same (in kind 3's order) times 8-bit inputs (Q6_K, a8) */
 };
 
 /* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
