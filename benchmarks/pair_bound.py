@@ -30,9 +30,11 @@ import torch
 from verispec import LLM, SamplingParams
 from verispec.bench.verify_cost import step_ms
 from verispec.bench.workloads import WORKLOADS, prompt_token_ids
+from verispec.drafters.draft_vocab import draft_vocab
 from verispec.engine.stats import SpecStats
 from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.spec.resolve import DraftRuntime
+from verispec.tokenizer import Tokenizer
 
 
 def costs(args: argparse.Namespace, draft_quantization: str | None) -> dict[tuple[str, int], float]:
@@ -42,8 +44,13 @@ def costs(args: argparse.Namespace, draft_quantization: str | None) -> dict[tupl
     models = {"target": load_model(resolve_model_path(args.target), torch.float32, cpu,
                                    quantization=args.quantization)}  # fmt: skip
     if args.method == "draft_model":
-        models["draft"] = load_model(resolve_model_path(args.draft), torch.float32, cpu,
-                                     quantization=draft_quantization)  # fmt: skip
+        path = resolve_model_path(args.draft)
+        ids = None
+        if args.draft_vocab_size:
+            limit = models["target"].config.vocab_size
+            ids = draft_vocab(Tokenizer(path), args.draft_vocab_size, limit)
+        models["draft"] = load_model(path, torch.float32, cpu, quantization=draft_quantization,
+                                     vocab_ids=ids)  # fmt: skip
     qs = tuple(range(1, args.k_max + 2))
     ms = step_ms(models, qs, 256, args.repeats)
     return {key: value for key, value in ms.items() if key[0] == "target" or key[1] == 1}
@@ -54,7 +61,8 @@ def acceptance(args: argparse.Namespace, draft_quantization: str | None) -> dict
     and that run's and plain decoding's decode tokens/s (median over prompts)."""
     spec: dict[str, Any] = {"method": args.method, "num_speculative_tokens": args.k_max}
     if args.method == "draft_model":
-        spec |= {"model": args.draft, "quantization": draft_quantization}
+        spec |= {"model": args.draft, "quantization": draft_quantization,
+                 "draft_vocab_size": args.draft_vocab_size}
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.tokens, seed=0)  # fmt: skip
     stats, rates = SpecStats(), {"plain": [], "speculative": []}
@@ -97,6 +105,8 @@ def main() -> None:
                    "without a match: bound those by verispec.bench.replay.copy_bound)")
     p.add_argument("--quantization", default="a8", help="the target's (none: as stored)")
     p.add_argument("--draft-quantization", default="auto")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="the draft's head over the most frequent ids (default: whole)")
     p.add_argument("--workloads", default="code")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128)
@@ -118,6 +128,7 @@ def main() -> None:
     rates = stats.per_position_acceptance_rate + [0.0] * args.k_max
     print(f"{args.target} ({args.quantization or 'as stored'}), {args.method}"
           f"{' ' + args.draft + ' (' + str(draft_q) + ')' if args.method == 'draft_model' else ''},"
+          f" draft vocabulary {args.draft_vocab_size or 'whole'},"
           f" {args.workloads} x {args.prompts}, {args.tokens} tokens, T={args.temperature}, "
           f"{args.threads} threads, {platform.processor() or platform.machine()}, {started}")
     print(f"t_target(1) {ms['target', 1]:.1f} ms, t_draft {ms.get(('draft', 1), 0.0):.1f} ms; "

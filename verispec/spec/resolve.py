@@ -46,14 +46,18 @@ class DraftRuntime:
     def of(cls, config: EngineConfig) -> DraftRuntime:
         return cls(config.linear_backend, config.device, config.dtype, config.compile)
 
-    def draft_quantization(self, requested: str | None) -> str | None:
-        """A draft model's quantization: `requested`, or for "auto" w8a8 where the native kernel
+    def draft_quantization(self, requested: str | None, draft: str | None = None) -> str | None:
+        """A draft model's quantization: `requested`, or for "auto" w8a8 (or the rounding the
+        named draft's catalog entry gives, NamedModel.draft_rounding) where the native kernel
         runs it on AVX-512 VNNI here, else None (as stored); kernels/quantization.py."""
         if requested != AUTO_DRAFT:
             return requested
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
-        return draft_quantization(requested, self.linear_backend, device, dtype, self.compile)
+        named = NAMED_MODELS.get(draft or "")
+        rounding = named.draft_rounding if named is not None else "w8a8"
+        return draft_quantization(requested, self.linear_backend, device, dtype, self.compile,
+                                  rounding)  # fmt: skip
 
 
 def resolve_speculative(
@@ -180,7 +184,7 @@ def _finish(spec: SpecConfig, runtime: DraftRuntime | None) -> SpecConfig:
     traits = method(spec.method)
     quantization = spec.quantization
     if traits.takes_draft_model:
-        quantization = (runtime or DraftRuntime()).draft_quantization(quantization)
+        quantization = (runtime or DraftRuntime()).draft_quantization(quantization, spec.model)
     elif quantization == AUTO_DRAFT:
         quantization = None
     return spec if quantization == spec.quantization else replace(spec, quantization=quantization)

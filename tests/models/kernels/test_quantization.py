@@ -152,6 +152,8 @@ def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) ->
         monkeypatch.setattr(build, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
         assert draft_quantization("auto", "auto", CPU, f32, False) == expected
         assert draft_quantization("auto", "native", CPU, f32, False) == expected
+        rounding = draft_quantization("auto", "auto", CPU, f32, False, "w4a8")  # the entry's
+        assert rounding == ("w4a8" if vnni else None)
     assert draft_quantization("auto", "torch", CPU, f32, False) is None  # vnni still True
     assert draft_quantization("auto", "auto", CPU, torch.float16, False) is None
     assert draft_quantization("auto", "auto", torch.device("meta"), f32, False) is None

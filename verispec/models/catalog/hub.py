@@ -82,6 +82,10 @@ class NamedModel:
     draft_vocab_size: int | None = None
     """Token ids that draft's LM head keeps when it drafts for this model (SpecConfig's
     draft_vocab_size; None = the whole vocabulary): set only where measured faster."""
+    draft_rounding: str = "w8a8"
+    """The quantization "auto" gives this model when it drafts (where the native kernel's 8-bit
+    products run on AVX-512 VNNI; as stored elsewhere): "w8a8", or "w4a8" where its 4-bit
+    products were measured faster for the acceptance they keep (benchmarks/README.md)."""
     head: str | None = None
     """The EAGLE head trained for it (a directory in models/embedded/heads/, also loadable by
     this name)."""
@@ -116,9 +120,9 @@ NAMED_MODELS = MappingProxyType({
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768, part_mb=48,
         ),
-        # --method draft_model takes the 0.5B; "auto" does not yet: on a 2-core Zen 3 it ran
-        # 0.95x plain (benchmarks/README.md), so "auto" drafts by prompt lookup.
-        draft="qwen2.5-coder-0.5b-instruct", auto_draft=False,
+        # "auto" drafts with the 0.5B (w4a8, its head cut to 65536 ids, the adaptive policy
+        # choosing k): the fastest drafter of benchmarks/real_pair.py on code chat.
+        draft="qwen2.5-coder-0.5b-instruct", draft_vocab_size=65536,
     ),
     "qwen2.5-coder-0.5b-instruct": NamedModel(
         description="Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), GGUF, the 1.5B's draft",
@@ -128,6 +132,7 @@ NAMED_MODELS = MappingProxyType({
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064, part_mb=82,
         ),
+        draft_rounding="w4a8",
     ),
     "embedded-code": NamedModel(
         description="verispec's own 22M Python-code model, trained on the standard library",

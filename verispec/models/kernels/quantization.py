@@ -25,8 +25,9 @@ Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 AUTO_DRAFT = "auto"
 """SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
-"w8a8" where the native kernel's 8-bit products run on AVX-512 VNNI (a draft need not be exact,
-and its steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
+"w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
+products run on AVX-512 VNNI (a draft need not be exact, and its steps then cost much less:
+benchmarks/README.md), else as stored; heads as stored."""
 
 
 DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
@@ -39,13 +40,15 @@ def from_draft_flag(value: str) -> str | None:
 
 
 def draft_quantization(
-    requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool
-) -> str | None:
-    """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT "w8a8" on a
-    float32 CPU model with the native backend available ("auto" or "native"), not compiled,
-    where the kernel has VNNI, else None. Example: ("auto", "auto", cpu, float32, False) ->
-    "w8a8" on an Ice Lake Xeon, None on a CPU without AVX-512 VNNI (its portable 8-bit loop
-    would make the draft slower, not faster)."""
+    requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool,
+    rounding: str = "w8a8",
+) -> str | None:  # fmt: skip
+    """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT `rounding`
+    (one of ACTIVATION_QUANTIZATIONS: "w8a8" unless the draft's catalog entry names another)
+    on a float32 CPU model with the native backend available ("auto" or "native"), not
+    compiled, where the kernel has VNNI, else None. Example: ("auto", "auto", cpu, float32,
+    False) -> "w8a8" on an Ice Lake Xeon, None on a CPU without AVX-512 VNNI (its portable
+    8-bit loop would make the draft slower, not faster)."""
     if requested != AUTO_DRAFT:
         return requested
     if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
@@ -53,7 +56,7 @@ def draft_quantization(
     if compile:
         return None
     kernel = build.native_kernel()
-    return "w8a8" if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
+    return rounding if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
 
 
 def check_quantization(
