@@ -86,6 +86,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.draft,
             "num_speculative_tokens": args.k,
             "quantization": args.draft_quantization,
+            "draft_vocab_size": args.draft_vocab_size,
         }
     elif args.method != "plain":  # a model-free method (ngram, suffix) at depth k
         spec = {"method": args.method, "num_speculative_tokens": args.k}
@@ -121,9 +122,10 @@ def verispec_runs(args: argparse.Namespace, round_number: int,
     rendered prompts feed llama.cpp), if any ran."""
     results: dict[str, dict[str, Any]] = {}
     for config in args.configs.split(","):
-        method, _, quantization = config.partition(":")
+        settings, _, k = config.partition("@")
+        method, _, quantization = settings.partition(":")
         command = [sys.executable, __file__, "--one", "--config", config, "--method", method,
-                   *forwarded(args)]  # fmt: skip
+                   *forwarded(args, int(k) if k else args.k)]  # fmt: skip
         if quantization:
             command += ["--quantization", quantization]
         done = subprocess.run(command, capture_output=True, text=True)
@@ -146,9 +148,9 @@ def verispec_runs(args: argparse.Namespace, round_number: int,
     return next(iter(results.values()), None)
 
 
-def forwarded(args: argparse.Namespace) -> list[str]:
+def forwarded(args: argparse.Namespace, k: int) -> list[str]:
     """The options a configuration's own process needs, as command-line words."""
-    words = ["--target", args.target, "--draft", args.draft, "--k", str(args.k), "--threads",
+    words = ["--target", args.target, "--draft", args.draft, "--k", str(k), "--threads",
              str(args.threads), "--workloads", args.workloads, "--prompts", str(args.prompts),
              "--temperature", str(args.temperature), "--top-p", str(args.top_p), "--seed",
              str(args.seed)]  # fmt: skip
@@ -156,6 +158,8 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         words += ["--tokens", str(args.tokens)]
     if args.draft_quantization:
         words += ["--draft-quantization", args.draft_quantization]
+    if args.draft_vocab_size:
+        words += ["--draft-vocab-size", str(args.draft_vocab_size)]
     return words
 
 
@@ -256,13 +260,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple: "
                    "adds llama.cpp plain and -md on the same prompts")  # fmt: skip
     p.add_argument("--configs", default="plain,plain:a8,draft_model",
-                   help="comma-separated method[:quantization] runs; method plain, auto "
-                   "(the target's default drafter), draft_model, ngram or suffix")  # fmt: skip
+                   help="comma-separated method[:quantization][@k] runs; method plain, auto "
+                   "(the target's default drafter), draft_model, ngram or suffix; k defaults "
+                   "to --k")  # fmt: skip
     p.add_argument(
         "--draft-quantization",
         default=None,
         help="the draft's own quantization (e.g. a8: never changes the output)",
     )
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="ids the draft's LM head keeps (default: the whole vocabulary)")
     p.add_argument(
         "--rounds",
         type=int,

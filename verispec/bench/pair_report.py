@@ -45,12 +45,12 @@ def plain_of(config: str) -> str:
     """The verispec plain configuration a configuration is compared with: the same numerics
     (its quantization); llama.cpp's rows against exact plain decoding.
 
-    >>> plain_of("draft_model:a8"), plain_of("draft_model"), plain_of(LLAMA_DRAFT)
-    ('plain:a8', 'plain', 'plain')
+    >>> plain_of("draft_model:a8"), plain_of("ngram:a8@8"), plain_of("auto"), plain_of(LLAMA_DRAFT)
+    ('plain:a8', 'plain:a8', 'plain', 'plain')
     """
     if config.startswith("llama"):
         return "plain"
-    quantization = config.partition(":")[2]
+    quantization = config.partition("@")[0].partition(":")[2]  # "@k" sets only the depth
     return f"plain:{quantization}" if quantization else "plain"
 
 
