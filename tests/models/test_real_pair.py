@@ -45,3 +45,25 @@ def test_greedy_chat_equals_transformers_plain_and_with_the_draft() -> None:
         ours = plain.generate([ids], params)[0].token_ids
         assert drafted.generate([ids], params)[0].token_ids == ours
         assert ours == transformers_greedy(ids)
+
+
+@pytest.mark.parametrize("speculative", [
+    "auto",  # the named pair's default drafter: the 0.5B in w4a8, head cut, adaptive
+    {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 5},  # as stored
+    {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 2,
+     "quantization": "w4a8", "draft_vocab_size": 4096},  # a small head: many rejections
+    {"method": "ngram", "num_speculative_tokens": 8},
+    {"method": "suffix", "num_speculative_tokens": 8},
+], ids=["auto", "draft-k5", "draft-w4a8-vocab4096-k2", "ngram-k8", "suffix-k8"])  # fmt: skip
+def test_every_drafter_keeps_the_a8_targets_greedy_output(speculative: object) -> None:
+    """On the a8 target (8-bit inputs, as llama.cpp computes this file), every drafter's greedy
+    answer to a code chat and a code edit equals plain decoding's, token for token."""
+    from verispec.bench.workloads import WORKLOADS, prompt_token_ids
+
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    plain = LLM(model=TARGET, speculative=None, quantization="a8")
+    drafted = LLM(model=TARGET, speculative=speculative, quantization="a8")
+    for workload in ("code_chat", "code_edit"):
+        ids = prompt_token_ids(plain.tokenizer, WORKLOADS[workload].prompts(1)[0])
+        want = plain.generate([ids], params)[0].token_ids
+        assert drafted.generate([ids], params)[0].token_ids == want, workload

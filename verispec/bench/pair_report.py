@@ -1,8 +1,8 @@
 """The pair benchmark's tables (benchmarks/real_pair.py): per workload, each configuration's
 decode tokens/s (median over rounds of its median over prompts), its ratios to verispec plain
-decoding with the same numerics and to llama.cpp plain decoding (medians over rounds of the
-ratio within a round: rounds alternate the engines, so one round's runs are minutes apart),
-and its acceptance.
+decoding with the same numerics and to the fastest of llama.cpp's rows of the same round
+(llama-bench, llama.cpp plain, llama.cpp -md: medians over rounds of the ratio within a round;
+rounds alternate the engines, so one round's runs are minutes apart), and its acceptance.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Row:
     config: str
     tokens_per_s: float
     vs_plain: float | None  # x verispec plain with the same numerics
-    vs_llama: float | None  # x llama.cpp plain (LLAMA_PLAIN, else LLAMA_BENCH)
+    vs_llama: float | None  # x the fastest llama.cpp row of the round (LLAMA_ROWS)
     acceptance: float | None
 
 
@@ -54,12 +54,23 @@ def plain_of(config: str) -> str:
     return f"plain:{quantization}" if quantization else "plain"
 
 
-def median_ratio(figures: list[Figure], config: str, reference: str) -> float | None:
-    """The median over rounds of config's tokens/s over reference's in the same round (of one
-    workload's figures); None when no round has both."""
+LLAMA_ROWS = (LLAMA_BENCH, LLAMA_PLAIN, LLAMA_DRAFT)
+
+
+def median_ratio(figures: list[Figure], config: str, *references: str) -> float | None:
+    """The median over rounds of config's tokens/s over the fastest of references' in the same
+    round (of one workload's figures); None when no round has both.
+
+    >>> f = [Figure(1, "w", "a", 30.0), Figure(1, "w", "b", 10.0), Figure(1, "w", "c", 20.0)]
+    >>> median_ratio(f, "a", "b", "c")
+    1.5
+    """
     by_round = {(f.round, f.config): f.tokens_per_s for f in figures}
-    ratios = [rate / by_round[(r, reference)] for (r, c), rate in by_round.items()
-              if c == config and by_round.get((r, reference))]  # fmt: skip
+    ratios = []
+    for (r, c), rate in by_round.items():
+        best = max((by_round.get((r, ref), 0.0) for ref in references), default=0.0)
+        if c == config and best:
+            ratios.append(rate / best)
     return statistics.median(ratios) if ratios else None
 
 
@@ -67,14 +78,13 @@ def workload_rows(figures: list[Figure], workload: str) -> list[Row]:
     """A workload's table rows, configurations in the order they first ran."""
     mine = [f for f in figures if f.workload == workload]
     configs = list(dict.fromkeys(f.config for f in mine))
-    llama = LLAMA_PLAIN if LLAMA_PLAIN in configs else LLAMA_BENCH
     rows = []
     for config in configs:
         runs = [f for f in mine if f.config == config]
         accepted = [f.acceptance for f in runs if f.acceptance is not None]
         rows.append(Row(
             config, statistics.median(f.tokens_per_s for f in runs),
-            median_ratio(mine, config, plain_of(config)), median_ratio(mine, config, llama),
+            median_ratio(mine, config, plain_of(config)), median_ratio(mine, config, *LLAMA_ROWS),
             statistics.median(accepted) if accepted else None,
         ))  # fmt: skip
     return rows
@@ -87,7 +97,7 @@ def format_table(workload: str, rows: list[Row]) -> str:
         return "" if value is None else format(value, spec)
 
     lines = [f"### {workload}", "",
-             "| config | decode tok/s | x verispec plain | x llama.cpp plain | acceptance |",
+             "| config | decode tok/s | x verispec plain | x best llama.cpp | acceptance |",
              "|---|---|---|---|---|"]  # fmt: skip
     lines += [
         f"| {r.config} | {r.tokens_per_s:.2f} | {cell(r.vs_plain, '.2f')} | "
