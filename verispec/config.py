@@ -145,9 +145,11 @@ class SpecConfig:
     """Methods that draft trees: levels of the tree (default 6 when tree_topk >= 2; Medusa
     drafts at most one level per head, so it cuts deeper trees and chains to its heads)."""
     prompt_lookup_tokens: int | None = None
-    """Tree methods that also look up the prompt (eagle): graft a prompt-lookup chain of up to
-    this many tokens onto each tree (its nodes count in num_speculative_tokens; None = off).
-    The head drafts what is new, the lookup what is copied; the target checks both at once."""
+    """Methods that also look up the prompt: eagle grafts a prompt-lookup chain of up to this
+    many tokens onto each tree (its nodes count in num_speculative_tokens; None = off), and
+    draft_model drafts a request's chain by copying, up to this many tokens, wherever the
+    lookup finds a continuation (the draft model then skips that request's step). The model
+    drafts what is new, the lookup what is copied; the target checks both alike."""
     adaptive: bool = False
     """Choose each step how many tokens to draft per request, up to num_speculative_tokens
     (a tree: its node budget), from a measured cost model of this engine and each request's

@@ -24,6 +24,8 @@ from tests.helpers.drafting import (
 )
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.api.outputs import RequestOutput
+from verispec.drafters.draft_model import DraftModelProposer
+from verispec.drafters.ngram import Lookup
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.models.kernels.build import NativeKernel, native_kernel
@@ -96,6 +98,37 @@ def test_greedy_equals_plain(spec_pair, k: int, method: str, plain: Plain) -> No
     stats = llm.engine.spec_stats
     assert stats.num_draft_tokens <= k * stats.num_verify_steps
     assert len(stats.per_position_acceptance_rate) <= k
+
+
+@pytest.mark.parametrize(("spec_pair", "k"), pair_k_cases((3,), llama=(2, 4)),
+                         indirect=["spec_pair"])  # fmt: skip
+def test_draft_model_copying_where_lookup_finds_equals_plain(spec_pair, k: int, plain: Plain,
+                                                           monkeypatch) -> None:  # fmt: skip
+    """Copy first (prompt_lookup_tokens on draft_model): requests whose context the lookup
+    continues draft that copy, the others the draft model's chain, in the same batch; greedy
+    output is plain decoding's, and both kinds of drafts were made."""
+    target, draft = spec_pair
+    made = {"copied": 0, "modelled": 0}
+    chain, drafted = Lookup.chain, DraftModelProposer._draft
+
+    def copy_spy(self: Lookup, request: Request, budget: int) -> list[int]:
+        ids = chain(self, request, budget)
+        made["copied"] += bool(ids)
+        return ids
+
+    def draft_spy(self: DraftModelProposer, requests: list, ks: list[int]) -> Any:
+        made["modelled"] += len(requests)
+        return drafted(self, requests, ks)
+
+    monkeypatch.setattr(Lookup, "chain", copy_spy)
+    monkeypatch.setattr(DraftModelProposer, "_draft", draft_spy)
+    ref = plain.generate(target, PROMPTS, GREEDY)
+    spec = SpecConfig(method="draft_model", model=str(draft), num_speculative_tokens=k,
+                      prompt_lookup_tokens=k, prompt_lookup_min=1)  # fmt: skip
+    llm = LLM(model=str(target), batch_invariant=True, speculative=spec)
+    assert_same(llm.generate(PROMPTS, GREEDY), ref)
+    assert_partial(llm)
+    assert made["copied"] > 0 and made["modelled"] > 0
 
 
 @pytest.mark.parametrize("method", METHODS)

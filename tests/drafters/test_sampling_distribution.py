@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,7 +56,9 @@ from tests.helpers.distribution import (
 from tests.helpers.drafting import small_vocab_sample
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.fit import Fit, chi2_sf, fit, gamma_q
+from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.draft_vocab import draft_vocab
+from verispec.drafters.ngram import Lookup
 from verispec.drafters.suffix import SuffixProposer
 from verispec.models.eagle import EagleConfig, save_eagle_head
 from verispec.models.paged import PagedModel
@@ -230,6 +233,34 @@ def test_ngram_sampling_matches_the_target(
     assert run.fit.ok(ALPHA), run.fit
     assert run.draft_tokens >= N * (max_tokens - 2) // 2  # lookups hit for most requests
     assert run.acceptance is not None and 0.2 <= run.acceptance <= 0.8
+
+
+def test_draft_model_copying_where_lookup_finds_sampling_matches_the_target(
+    checkpoints: tuple[Path, Path, PreTrainedModel], ngram_prompt: list[int], monkeypatch
+) -> None:
+    """Copy first (prompt_lookup_tokens on draft_model): where the lookup continues the context
+    the drafts are that copy (q one-hot), else the draft model's (q its own); both kinds occur
+    in the batch and the output still follows the target."""
+    copies, drafts = [], []
+    lookup, draft = Lookup.chain, DraftModelProposer._draft
+
+    def copy_spy(self: Lookup, request: Any, budget: int) -> list[int]:
+        chain = lookup(self, request, budget)
+        copies.append(len(chain))
+        return chain
+
+    def draft_spy(self: DraftModelProposer, requests: list, ks: list[int]) -> Any:
+        drafts.append(len(requests))
+        return draft(self, requests, ks)
+
+    monkeypatch.setattr(Lookup, "chain", copy_spy)
+    monkeypatch.setattr(DraftModelProposer, "_draft", draft_spy)
+    spec = replace(draft_spec(checkpoints), prompt_lookup_tokens=2, prompt_lookup_min=1,
+                   prompt_lookup_max=3)  # fmt: skip
+    run = measure_exact(checkpoints, ngram_prompt, params_of(1.0, 1.0, -1, 4), spec)
+    assert run.fit.ok(ALPHA), run.fit
+    assert sum(c > 0 for c in copies) >= N // 4 and sum(drafts) >= N // 8  # both kinds ran
+    assert run.acceptance is not None and 0.1 <= run.acceptance <= 0.9
 
 
 SUFFIX = SpecConfig(

@@ -205,13 +205,20 @@ def test_auto_uses_a_shipped_head_with_its_tuned_tree(monkeypatch, tmp_path) -> 
     assert default_drafter("embedded-code").method == "draft_model"
 
 
-def test_prompt_lookup_tokens_graft_onto_eagle_trees_only() -> None:
+def test_prompt_lookup_tokens_graft_onto_eagle_trees_and_draft_model_chains() -> None:
     head = {"method": "eagle", "model": "/h", "num_speculative_tokens": 8, "tree_topk": 3}
     spec = checked(**head, prompt_lookup_tokens=3)
     assert (spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 2, 4)
     assert checked(**head).prompt_lookup_min is None  # off: lookup bounds unused
-    with pytest.raises(ValueError, match="'ngram' does not graft prompt lookups onto trees"):
+    with pytest.raises(ValueError, match="'ngram' does not graft prompt lookups onto its drafts"):
         checked(method="ngram", prompt_lookup_tokens=2)
+    draft = {"method": "draft_model", "model": "/d", "num_speculative_tokens": 4}
+    copied = checked(**draft, prompt_lookup_tokens=4)  # a chain: the copy may be all of it
+    assert (copied.prompt_lookup_tokens, copied.prompt_lookup_min) == (4, 2)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=r"integer in \[1, num_speculative_tokens\] \(the "
+                                             r"copy replaces the chain\)"):  # fmt: skip
+            checked(**draft, prompt_lookup_tokens=bad)
     with pytest.raises(ValueError, match=r"needs a tree \(tree_topk >= 2\) to graft onto"):
         checked(method="eagle", model="/h", prompt_lookup_tokens=2)
     for bad in (0, 8, 2.5, True):

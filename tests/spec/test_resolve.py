@@ -146,13 +146,15 @@ def test_auto_for_the_qwen_pair_drafts_with_its_own_draft_as_measured_fastest(
     vnni: bool, monkeypatch
 ) -> None:
     """speculative="auto" for the named Qwen2.5-Coder-1.5B (resolved without loading it): its
-    0.5B draft, head cut to 65536 ids, the adaptive policy on, and the draft's own rounding
-    (NamedModel.draft_rounding, w4a8) where the 8-bit products run on VNNI, else as stored."""
+    0.5B draft, head cut to 65536 ids, copying first where prompt lookup finds a continuation,
+    the adaptive policy on up to 8 tokens, and the draft's own rounding (NamedModel.
+    draft_rounding, w4a8) where the 8-bit products run on VNNI, else as stored."""
     monkeypatch.setattr(resolve_module, "draft_quantization",
                         lambda requested, *rest: rest[-1] if vnni else None)  # fmt: skip
     spec = resolve_speculative("qwen2.5-coder-1.5b-instruct", "auto")
     assert spec is not None and spec.method == DEFAULT_METHOD
     assert (spec.model, spec.draft_vocab_size) == ("qwen2.5-coder-0.5b-instruct", 65536)
+    assert (spec.num_speculative_tokens, spec.prompt_lookup_tokens) == (8, 8)  # copy first
     assert spec.quantization == ("w4a8" if vnni else None) and spec.adaptive
     embedded = resolve_speculative("embedded-code", "auto")  # other drafts keep w8a8
     assert embedded is not None and embedded.quantization == ("w8a8" if vnni else None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.drafters.draft_vocab import draft_vocab
+from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
@@ -53,8 +54,12 @@ class DraftModelProposer:
         num_speculative_tokens: int,
         target: TargetInfo,
         depth: int | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         self.target = target
+        self.lookup = lookup
+        """Copy first: where prompt lookup continues a request's context, its drafts are that
+        copy (free, q one-hot) instead of the draft model's (SpecConfig.prompt_lookup_tokens)."""
         # Headroom beyond the target's blocks: a request may still hold up to k - 1 stale draft
         # slots (not yet rolled back) when it is not drafting this step.
         stale = math.ceil(num_speculative_tokens / target.block_size) + 1
@@ -75,7 +80,7 @@ class DraftModelProposer:
     @classmethod
     def load(
         cls, model: str, quantization: str | None, num_speculative_tokens: int, target: TargetInfo,
-        draft_vocab_size: int | None = None,
+        draft_vocab_size: int | None = None, lookup: Lookup | None = None,
     ) -> DraftModelProposer:  # fmt: skip
         """A proposer over the draft checkpoint `model` (a directory, GGUF file or name), loaded
         as the target is (dtype, device, kernels, compile), its weights rounded by `quantization`
@@ -94,7 +99,7 @@ class DraftModelProposer:
             compile=target.compile, vocab_ids=vocab_ids,
         )  # fmt: skip
         check_embedding_covers(loaded.config.vocab_size, needed, path)
-        return cls(loaded, num_speculative_tokens, target)
+        return cls(loaded, num_speculative_tokens, target, lookup=lookup)
 
     @property
     def model(self) -> LlamaModel:
@@ -105,13 +110,29 @@ class DraftModelProposer:
         return self.paged.allocator
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
-        """k_i tokens per request: the first forward catches the draft cache up with the tokens
-        accepted since last time, then one batched forward per further draft position."""
+        """k_i tokens per request: a prompt-lookup copy where the lookup finds one (with a
+        lookup), else the draft model's (_draft)."""
         cap = self.depth or max(num_tokens, default=0)
         ks = [
             min(k, cap, self.max_len - r.num_tokens)
             for r, k in zip(requests, num_tokens, strict=True)
         ]
+        drafts = [self.lookup.chain(r, k) if self.lookup and k else []
+                  for r, k in zip(requests, ks, strict=True)]  # fmt: skip
+        probs: list[list[torch.Tensor | None]] = [[None] * len(d) for d in drafts]  # one-hot q
+        rows = [i for i, (k, d) in enumerate(zip(ks, drafts, strict=True)) if k and not d]
+        drafted, drafted_probs = self._draft([requests[i] for i in rows], [ks[i] for i in rows])
+        for j, i in enumerate(rows):
+            drafts[i], probs[i] = drafted[j], drafted_probs[j]
+        q_rows = stack_draft_probs(drafts, probs, self.target.vocab_size, self.model.device)
+        return Drafts(token_ids=drafts, probs=q_rows)
+
+    def _draft(
+        self, requests: list[Request], ks: list[int]
+    ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+        """The draft model's k_i tokens per request and their q rows (None: one-hot): the first
+        forward catches the draft cache up with the tokens accepted since last time, then one
+        batched forward per further draft position."""
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]  # None: one-hot q
         for step in range(max(ks, default=0)):
@@ -129,8 +150,7 @@ class DraftModelProposer:
             if d:
                 state = self.states[r.request_id]
                 state.base, state.drafts = r.all_token_ids, d[:-1]
-        q_rows = stack_draft_probs(drafts, probs, self.target.vocab_size, self.model.device)
-        return Drafts(token_ids=drafts, probs=q_rows)
+        return drafts, probs
 
     def _step_greedily(
         self, requests: Sequence[Request], ks: list[int], drafts: list[list[int]],

@@ -61,7 +61,7 @@ class Method:
     takes_head = _reads(HeadConfig, "Drafts with a head over the target's features.")
     takes_prompt_lookup = _reads(PromptLookupConfig, "Reads the prompt-lookup n-gram bounds.")
     takes_tree = _reads(TreeConfig, "May draft a tree of tree_topk / tree_depth.")
-    grafts_lookup = _reads(LookupGraftConfig, "May graft a prompt-lookup chain onto its trees.")
+    grafts_lookup = _reads(LookupGraftConfig, "May graft a prompt-lookup chain onto its drafts.")
     takes_suffix = _reads(SuffixConfig, "Reads suffix decoding's tries and limits.")
     drafts_with_own_layers = _reads(SelfDraftConfig, "Drafts with the target's own layers.")
 
@@ -76,11 +76,15 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
                            target.batch_invariant, _head_quantization(spec),
                            target.compile)  # fmt: skip
-    lookup = None
-    if spec.prompt_lookup_tokens is not None:  # SpecConfig then filled in the n-gram bounds
-        lookup = Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
-                         spec.tree_depth or 1, target, lookup)  # fmt: skip
+                         spec.tree_depth or 1, target, _lookup(spec))  # fmt: skip
+
+
+def _lookup(spec: SpecConfig) -> Lookup | None:
+    """The prompt lookup a drafter grafts onto its drafts (prompt_lookup_tokens), if any."""
+    if spec.prompt_lookup_tokens is None:  # SpecConfig then filled in the n-gram bounds
+        return None
+    return Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
 
 def _head_quantization(spec: SpecConfig) -> str | None:
@@ -111,8 +115,9 @@ _METHODS: dict[str, Method] = {
             spec.num_speculative_tokens,
             target,
             spec.draft_vocab_size,
+            _lookup(spec),
         ),
-        options=(DraftModelConfig,),
+        options=(DraftModelConfig, LookupGraftConfig),
     ),
     "ngram": Method(
         lambda spec, target: NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max),
@@ -267,21 +272,26 @@ def _check_tree(spec: SpecConfig, traits: Method, filled: dict[str, Any]) -> boo
 
 
 def _check_grafting(spec: SpecConfig, traits: Method, tree: bool) -> bool:
-    """prompt_lookup_tokens: an integer >= 1 below the node budget, for a method that grafts
-    lookups onto its trees, with a tree to graft onto. Returns whether it is on."""
+    """prompt_lookup_tokens: for a method that grafts lookups onto its drafts, an integer >= 1,
+    below the node budget for a tree method (it needs a tree to graft onto), at most k for a
+    chain method (draft_model: where the lookup copies, the copy is the whole chain). Returns
+    whether it is on."""
     n = spec.prompt_lookup_tokens
     if n is None:
         return False
     if not traits.grafts_lookup:
-        raise ValueError(f"method {spec.method!r} does not graft prompt lookups onto trees; "
-                         "drop prompt_lookup_tokens")  # fmt: skip
-    if not tree:
+        raise ValueError(f"method {spec.method!r} does not graft prompt lookups onto its "
+                         "drafts; drop prompt_lookup_tokens")  # fmt: skip
+    chain = not traits.takes_tree
+    if not tree and not chain:
         raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
     k = spec.num_speculative_tokens
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < k:
+    top = k if chain else k - 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
         raise ValueError(
-            f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens - 1] "
-            f"(the tree keeps at least one node of its own), got {n!r} with "
-            f"num_speculative_tokens={k}"
+            f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens"
+            f"{'' if chain else ' - 1'}] ("
+            f"{'the copy replaces the chain' if chain else 'the tree keeps a node of its own'}"
+            f"), got {n!r} with num_speculative_tokens={k}"
         )
     return True

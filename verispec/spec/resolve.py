@@ -145,8 +145,8 @@ def default_drafter(model: str | None) -> SpecConfig | None:
 def own_drafter(model: str | None, method_name: str) -> SpecConfig | None:
     """A named model's own drafter for a method, before resolution: its shipped head for the
     head method (with the settings the head was tuned with, from its config.json), its trained
-    draft, quantization "auto" and its draft vocabulary size, for the draft-model method; None
-    when it has none (or the model is not named)."""
+    draft, quantization "auto", its draft vocabulary size, depth and copying (prompt lookup
+    first), for the draft-model method; None when it has none (or the model is not named)."""
     named = NAMED_MODELS.get(model or DEFAULT_MODEL)
     if named is None:
         return None
@@ -156,8 +156,10 @@ def own_drafter(model: str | None, method_name: str) -> SpecConfig | None:
             path, settings = head
             return SpecConfig(method=method_name, model=str(path), **settings)
     if method_name == DEFAULT_METHOD and named.draft is not None:
+        depth = {} if named.draft_depth is None else {"num_speculative_tokens": named.draft_depth}
         return SpecConfig(method=method_name, model=named.draft, quantization=AUTO_DRAFT,
-                          draft_vocab_size=named.draft_vocab_size)  # fmt: skip
+                          draft_vocab_size=named.draft_vocab_size,
+                          prompt_lookup_tokens=named.draft_lookup_tokens, **depth)  # fmt: skip
     return None
 
 

@@ -82,6 +82,12 @@ class NamedModel:
     draft_vocab_size: int | None = None
     """Token ids that draft's LM head keeps when it drafts for this model (SpecConfig's
     draft_vocab_size; None = the whole vocabulary): set only where measured faster."""
+    draft_depth: int | None = None
+    """num_speculative_tokens of that draft's own drafter (None: SpecConfig's default): the
+    deepest chain the adaptive policy may choose."""
+    draft_lookup_tokens: int | None = None
+    """prompt_lookup_tokens of that draft's own drafter: copy where prompt lookup continues the
+    context, draft with the model elsewhere (None: the model always)."""
     draft_rounding: str = "w8a8"
     """The quantization "auto" gives this model when it drafts (where the native kernel's 8-bit
     products run on AVX-512 VNNI; as stored elsewhere): "w8a8", or "w4a8" where its 4-bit
@@ -120,9 +126,11 @@ NAMED_MODELS = MappingProxyType({
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768, part_mb=48,
         ),
-        # "auto" drafts with the 0.5B (w4a8, its head cut to 65536 ids, the adaptive policy
-        # choosing k): the fastest drafter of benchmarks/real_pair.py on code chat.
-        draft="qwen2.5-coder-0.5b-instruct", draft_vocab_size=65536,
+        # "auto" copies where prompt lookup continues the context and drafts with the 0.5B
+        # elsewhere (w4a8, its head cut to 65536 ids), the adaptive policy choosing k up to 8:
+        # the fastest of benchmarks/real_pair.py's configurations on code chat and code edit.
+        draft="qwen2.5-coder-0.5b-instruct", draft_vocab_size=65536, draft_depth=8,
+        draft_lookup_tokens=8,
     ),
     "qwen2.5-coder-0.5b-instruct": NamedModel(
         description="Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), GGUF, the 1.5B's draft",
