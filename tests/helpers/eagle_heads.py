@@ -10,8 +10,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.checkpoints import make_checkpoint
 from verispec.models.eagle import EagleConfig
+from verispec.models.llama import LlamaModel
+from verispec.models.weights.loader import load_model
 from verispec.train.eagle import TrainableEagle
+
+
+def tiny_target(path: Path, tokenizer: object) -> tuple[Path, LlamaModel]:
+    """(checkpoint dir, the loaded model): a tiny 2-layer Llama, hidden 64, vocab 320, whose
+    layers are scaled up so its features differ enough for heads to tell positions apart."""
+    make_checkpoint(path, "llama", tokenizer, layer_scale=8.0)
+    return path, load_model(path, torch.float32, torch.device("cpu"), "torch")
 
 
 def random_head(

@@ -11,8 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.checkpoints import make_checkpoint
-from tests.helpers.eagle_heads import copy_head, random_head
+from tests.helpers.eagle_heads import copy_head, random_head, tiny_target
 from verispec import LLM, SpecConfig
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
@@ -22,7 +21,7 @@ from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.rope import inverse_frequencies
-from verispec.models.weights.loader import load_model, resolve_head_path
+from verispec.models.weights.loader import resolve_head_path
 from verispec.train.distill import sequence_features
 from verispec.train.eagle import TrainableEagle
 
@@ -34,10 +33,7 @@ SEQUENCE = [0, 17, 99, 3, 250, 41, 41, 7, 300, 12, 8, 19, 64, 5]
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, LlamaModel]:
-    """(checkpoint dir, the loaded model): a tiny 2-layer Llama, hidden 64, vocab 320."""
-    path = tmp_path_factory.mktemp("eagle-target")
-    make_checkpoint(path, "llama", tokenizer, layer_scale=8.0)
-    return path, load_model(path, torch.float32, torch.device("cpu"), "torch")
+    return tiny_target(tmp_path_factory.mktemp("eagle-target"), tokenizer)
 
 
 @pytest.fixture(scope="module")

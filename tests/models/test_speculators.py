@@ -17,8 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from tests.helpers.checkpoints import make_checkpoint
-from tests.helpers.eagle_heads import copy_head, random_head
+from tests.helpers.eagle_heads import copy_head, random_head, tiny_target
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.models.config import ModelConfig
 from verispec.models.eagle import load_eagle_head, read_eagle_head, save_eagle_head
@@ -31,7 +30,6 @@ from verispec.models.speculators import (
     speculators_name,
     to_speculators,
 )
-from verispec.models.weights.loader import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = (0, 1, 2)
@@ -45,10 +43,7 @@ DROP = object()
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, LlamaModel]:
-    """(checkpoint dir, the loaded model): a tiny 2-layer Llama, hidden 64, vocab 320."""
-    path = tmp_path_factory.mktemp("speculators-target")
-    make_checkpoint(path, "llama", tokenizer, layer_scale=8.0)
-    return path, load_model(path, torch.float32, torch.device("cpu"), "torch")
+    return tiny_target(tmp_path_factory.mktemp("speculators-target"), tokenizer)
 
 
 @pytest.fixture(scope="module")
