@@ -17,6 +17,7 @@ from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path
+from verispec.sample import argmax_rows
 from verispec.tokenizer import Tokenizer
 
 
@@ -186,7 +187,13 @@ class DraftModelProposer:
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
     ) -> tuple[torch.Tensor | None, list[int]]:
-        """q [n, target vocab] after the request's own warping, and one draft token per row."""
+        """q [n, target vocab] after the request's own warping, and one draft token per row.
+        All greedy: the argmax of the head's rows that score target ids, mapped to its ids (the
+        one over the full vocabulary with -inf elsewhere, without building it every step)."""
+        if all_greedy(requests):
+            tokens = argmax_rows(logits[:, : self._head_rows()])
+            ids = self.model.vocab_ids
+            return None, (tokens if ids is None else ids[tokens]).tolist()
         logits = _match_vocab(logits, self.target.vocab_size, self.model.vocab_ids)
         return draw_drafts(logits, requests, drafts, self.target.generator)
 

@@ -286,12 +286,10 @@ def _check_grafting(spec: SpecConfig, traits: Method, tree: bool) -> bool:
     if not tree and not chain:
         raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
     k = spec.num_speculative_tokens
-    top = k if chain else k - 1
+    top, bound, why = ((k, "num_speculative_tokens", "the copy replaces the chain") if chain
+                       else (k - 1, "num_speculative_tokens - 1",
+                             "the tree keeps at least one node of its own"))  # fmt: skip
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
-        raise ValueError(
-            f"prompt_lookup_tokens must be an integer in [1, num_speculative_tokens"
-            f"{'' if chain else ' - 1'}] ("
-            f"{'the copy replaces the chain' if chain else 'the tree keeps a node of its own'}"
-            f"), got {n!r} with num_speculative_tokens={k}"
-        )
+        raise ValueError(f"prompt_lookup_tokens must be an integer in [1, {bound}] ({why}), "
+                         f"got {n!r} with num_speculative_tokens={k}")  # fmt: skip
     return True

@@ -79,9 +79,9 @@ class AffineCodes:
     """d's and m's factors as a GGUF Q4_K or Q6_K file stores them, when the codes came from
     one."""
 
-    def rows(self, index: torch.Tensor) -> AffineCodes:
-        """The codes of rows index [R] only (e.g. an LM head cut to a reduced vocabulary
-        before it is packed), their d, m and the file's factors with them."""
+    def rows(self, index: slice | torch.Tensor) -> AffineCodes:
+        """The codes of rows index (a slice, or [R] ids: e.g. an LM head cut to a reduced
+        vocabulary before it is packed) only, their d, m and the file's factors with them."""
         factors = None if self.super_scales is None else self.super_scales.rows(index)
         return AffineCodes(self.codes[index], self.d[index], self.m[index], self.group, factors)
 

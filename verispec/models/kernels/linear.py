@@ -41,11 +41,7 @@ def pack_codes_by_rows(
     pieces = range(0, rows, PACK_ROWS)
 
     def piece(start: int) -> PackedWeight:
-        part = slice(start, start + PACK_ROWS)
-        factors = None if codes.super_scales is None else codes.super_scales.rows(part)
-        return packer(AffineCodes(codes.codes[part], codes.d[part],
-                                              codes.m[part], codes.group,
-                                              factors))  # fmt: skip
+        return packer(codes.rows(slice(start, start + PACK_ROWS)))
 
     def layout(p: PackedWeight) -> tuple:
         sc = cast(torch.Tensor, p.scales)  # codes always have scales

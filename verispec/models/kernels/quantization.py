@@ -105,16 +105,16 @@ def round_to_q4_1(weight: torch.Tensor | AffineCodes) -> AffineCodes:
     step = max(1, (1 << 22) // k)  # rows at a time: transients stay a few megabytes
     for start in range(0, n, step):
         rows = slice(start, start + step)
-        part = (dequantize_codes(AffineCodes(weight.codes[rows], weight.d[rows], weight.m[rows],
-                                             weight.group))
-                if isinstance(weight, AffineCodes) else weight[rows].float())  # fmt: skip
+        part = (dequantize_codes(weight.rows(rows)) if isinstance(weight, AffineCodes)
+                else weight[rows].float())  # fmt: skip
         w = part.view(-1, k // Q8_0_COLUMNS, Q8_0_COLUMNS)
         low, high = torch.aminmax(w, dim=-1, keepdim=True)  # [rows, K/32, 1]
         mr = low.half().float()
         dr = ((high - mr) / 15).half().float()
         safe = torch.where(dr > 0, dr, torch.ones_like(dr))
         qr = torch.where(dr > 0, torch.round((w - mr) / safe).clamp_(0, 15), torch.zeros_like(w))
-        q[rows], d[rows], m[rows] = qr.view(-1, k), dr.view(-1, k // 32), mr.view(-1, k // 32)
+        blocks = k // Q8_0_COLUMNS
+        q[rows], d[rows], m[rows] = qr.view(-1, k), dr.view(-1, blocks), mr.view(-1, blocks)
     return AffineCodes(q, d, m)
 
 
