@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 _SAMPLING_EPS = 1e-5  # below this temperature a request is greedy (vLLM's _SAMPLING_EPS)
 
@@ -55,6 +56,50 @@ def _normalise_stop_token_ids(ids: list[int] | None) -> list[int]:
     return list(ids)
 
 
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """What a request's output must match, vLLM's `structured_outputs`: exactly one of a JSON
+    schema, any JSON object, a regular expression, one of fixed strings, or a grammar in
+    llguidance's Lark dialect. The grammar's mask is part of the target's warping, so a
+    constrained request samples the constrained distribution exactly (docs/design.md, 3)."""
+
+    json: dict[str, Any] | str | None = None
+    """A JSON schema (a dict, or its JSON text); the output is one JSON value it accepts."""
+    json_object: bool = False
+    """The output is any JSON object (OpenAI's response_format json_object)."""
+    regex: str | None = None
+    """The output matches this regular expression in full."""
+    choice: list[str] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """A context-free grammar in llguidance's Lark syntax (it may embed `%json {...}`)."""
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar")
+                 if getattr(self, name) is not None] + (["json_object"] if self.json_object
+                                                         else [])  # fmt: skip
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of json, json_object, regex, choice, "
+                f"grammar; got {', '.join(given) or 'none'}"
+            )
+        if self.json is not None and not isinstance(self.json, dict | str):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or its JSON "
+                             f"text), got {type(self.json).__name__}")  # fmt: skip
+        _check_bool("structured_outputs.json_object", self.json_object)
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got "
+                                 f"{value!r}")  # fmt: skip
+        if self.choice is not None and (
+            not isinstance(self.choice, list | tuple) or not self.choice
+            or not all(isinstance(c, str) and c for c in self.choice)
+        ):  # fmt: skip
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty "
+                             f"strings, got {self.choice!r}")  # fmt: skip
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """vLLM-compatible sampling settings for one request."""
@@ -93,6 +138,8 @@ class SamplingParams:
     """Let this request verify drafts when the engine speculates; False decodes it plainly (0
     drafts every step, whatever the engine's k or adaptive policy would give): the reference
     `verispec verify` compares speculative output with. verispec's extension (not vLLM's)."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output to a JSON schema, a regex, a choice or a grammar (vLLM's name)."""
 
     def __post_init__(self) -> None:
         """Validate every field and normalise top_k, stop and stop_token_ids."""
@@ -129,6 +176,11 @@ class SamplingParams:
         _check_bool("ignore_eos", self.ignore_eos)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         _check_bool("speculative", self.speculative)
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")  # fmt: skip
         if self.logprobs is not None and _check_int("logprobs", self.logprobs) < 0:
             raise ValueError(
                 f"logprobs must be None or an int >= 0 (alternatives per token), got "
