@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import statistics
 import threading
 import time
@@ -65,6 +66,22 @@ def test_a_body_over_the_limit_is_a_413_in_openai_schema(small: Server, chunked:
     assert str(LIMIT) in reply["error"]["message"]
     assert "--max-request-bytes" in reply["error"]["message"]
     assert call(small.url, "/health")[0] == 200
+
+
+def test_a_large_refused_body_is_answered_not_reset(small: Server) -> None:
+    """urllib sends 'Connection: close' and the whole body before reading: the server reads and
+    drops the rest, so the client gets the 413, not a connection reset. A client that waits
+    for '100 Continue' gets the 413 without sending the body."""
+    big = json.dumps(completion(user="u" * 20_000_000)).encode()
+    status, reply = call(small.url, "/v1/completions", raw=big, method="POST")
+    assert_error(status, reply, 413)
+    host, port = small.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 5000000\r\nExpect: 100-continue"
+                     b"\r\n\r\n")  # fmt: skip
+        head = sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 413"), head
 
 
 def test_prompts_times_n_over_the_cap_is_a_400_naming_them(small: Server) -> None:

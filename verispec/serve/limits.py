@@ -1,6 +1,6 @@
 """What one request may ask of the server (ServerLimits), and BodyLimit: the ASGI middleware that
 answers a body over the size limit with a 413 in OpenAI's schema, from its Content-Length before
-reading it, or as soon as its chunks add up to more."""
+the app reads it, or as soon as its chunks add up to more."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 """A body may have at most 16 MiB (`--max-request-bytes`)."""
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = 64
 """One request may queue at most 64 sequences, prompts x n (`--max-sequences-per-request`)."""
+DRAIN_BYTES = 64 * 2**20
+"""How much of a refused body is read and dropped before the 413 (see BodyLimit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,11 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimit:
     """ASGI middleware refusing request bodies over `max_bytes` (a declared Content-Length at
-    once, a chunked body once what arrived exceeds it); the app never holds more."""
+    once, a chunked body once what arrived exceeds it); the app never holds more. The rest of a
+    refused body is read and dropped (up to DRAIN_BYTES) before the answer: a server that closes
+    a connection with unread data resets it, and the client then sees the reset instead of the
+    413. A client that asked `Expect: 100-continue` has sent nothing yet and is answered at
+    once."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -57,9 +63,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            error = BodyTooLarge(self.max_bytes, declared)
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _drain(scope, receive, 0)
+            error = BodyTooLarge(self.max_bytes, int(declared))
             await _error_response(error)(scope, receive, send)
             return
         received = 0
@@ -71,6 +78,8 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    if message.get("more_body", False):
+                        await _drain(scope, receive, received)
                     raise BodyTooLarge(self.max_bytes)
             return message
 
@@ -91,11 +100,22 @@ def _error_response(error: BodyTooLarge) -> ASGIApp:
     return APIError(413, str(error.detail), code="request_too_large").response()
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+async def _drain(scope: Scope, receive: Receive, received: int) -> None:
+    """Read and drop the rest of a body (DRAIN_BYTES at most) unless the client waits for a
+    100 Continue before sending it."""
+    if (_header(scope, b"expect") or "").lower() == "100-continue" and not received:
+        return
+    while received <= DRAIN_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        received += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1").strip()
     return None
