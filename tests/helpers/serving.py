@@ -1,5 +1,6 @@
 """Shared by the server's tests: the speculative LLM a test server runs, one HTTP request as
-(status, body), and polling until the server is idle again."""
+(status, body), an error's check against OpenAI's schema, and polling until the server is idle
+again."""
 
 from __future__ import annotations
 
@@ -61,3 +62,13 @@ def call(
         return status, json.loads(text)
     except json.JSONDecodeError:
         return status, text
+
+
+def assert_error(status: int, body: Any, expected_status: int, param: str | None = None) -> None:
+    """The answer is an error of this status in OpenAI's schema (naming param when given)."""
+    assert status == expected_status, body
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"] and isinstance(body["error"]["type"], str)
+    if param is not None:
+        assert body["error"]["param"] == param, body

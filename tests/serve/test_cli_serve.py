@@ -32,7 +32,8 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
     process = subprocess.Popen(
         [sys.executable, "-m", "verispec.cli", "serve", "--model", str(target), "--port",
          str(port), "--speculative-config", spec, "--api-key", "k", "--max-num-seqs", "2",
-         "--max-model-len", "128"],
+         "--max-model-len", "128", "--max-request-bytes", "100000",
+         "--max-sequences-per-request", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:
@@ -54,6 +55,11 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
                                         temperature=0)  # fmt: skip
         assert out.usage.completion_tokens == 8
         assert out.model_extra["speculation"]["num_draft_tokens"] > 0
+        with pytest.raises(openai.BadRequestError, match="at most 4 per request"):
+            client.completions.create(model=model.id, prompt="x", max_tokens=1, n=5)
+        with pytest.raises(openai.APIStatusError, match="at most 100000") as too_large:
+            client.completions.create(model=model.id, prompt="x" * 100_000, max_tokens=1)
+        assert too_large.value.status_code == 413
     finally:
         process.terminate()
         output = process.communicate(timeout=30)[0]
@@ -71,6 +77,8 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
         (["--long-prefill-chunk", "0"], "--long-prefill-chunk must be >= 1"),
         (["--served-model-name", " "], "--served-model-name must not be empty"),
+        (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
+        (["--max-sequences-per-request", "-2"], "--max-sequences-per-request must be >= 1"),
     ],
 )
 def test_bad_serve_options_exit_2_with_one_line(

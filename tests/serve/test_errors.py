@@ -5,25 +5,23 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from typing import Any
 
 import pytest
 
-from tests.helpers.serving import blocks_free, call, speculative_llm, wait_until
+from tests.helpers.serving import (
+    assert_error,
+    blocks_free,
+    call,
+    speculative_llm,
+    wait_until,
+)
 from verispec.serve import Server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def assert_error(status: int, body: Any, expected_status: int, param: str | None = None) -> None:
-    assert status == expected_status, body
-    assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"message", "type", "param", "code"}, body
-    assert body["error"]["message"] and isinstance(body["error"]["type"], str)
-    if param is not None:
-        assert body["error"]["param"] == param, body
 
 
 def completion(**fields: Any) -> dict[str, Any]:
@@ -203,3 +201,118 @@ def test_a_failing_step_fails_its_requests_with_500_and_the_server_goes_on(
     assert status == 200
     events = [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: {")]
     assert "injected fault" in events[-1]["error"]["message"]
+
+
+def test_a_client_that_leaves_while_tokens_flow_is_aborted_at_once(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disconnect is seen while news keeps arriving (no gap in news), well before the
+    request could finish on its own."""
+    engine = server.engine.engine
+    real_step = engine.step
+
+    def slow_step():  # 200 plain steps take at least 10 s
+        time.sleep(0.05)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    long = completion(max_tokens=200, ignore_eos=True, temperature=0, speculative=False)
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(long),
+                 {"Content-Type": "application/json"})  # fmt: skip
+    wait_until(lambda: not blocks_free(server))
+    time.sleep(0.5)  # tokens flow: a step's news every 0.05 s
+    conn.close()
+    left = time.monotonic()
+    wait_until(lambda: blocks_free(server) and not engine.has_unfinished(), timeout=2.0)
+    assert time.monotonic() - left < 2.0
+    monkeypatch.undo()
+    assert call(server.url, "/v1/completions", completion())[0] == 200
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: Any) -> tuple[int, Any]:
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "where"),
+    [
+        ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "hello\ud800!"}]),
+         "messages.0.content", "character 5: a lone surrogate U+D800"),
+        ("/v1/chat/completions",
+         chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\udc80"}]}]),
+         "messages.0.content.0.text", "character 0: a lone surrogate U+DC80"),
+        ("/v1/completions", completion(prompt=["fine", "ab\udfffc"]), "prompt.1",
+         "character 2: a lone surrogate U+DFFF"),
+        ("/v1/completions", completion(prompt="\ud800"), "prompt", "character 0"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_a_400_naming_field_and_position_on_a_live_connection(
+    server: Server, path: str, body: dict[str, Any], param: str, where: str
+) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    status, reply = _post(conn, path, body)  # json.dumps writes the surrogate as an escape
+    assert_error(status, reply, 400, param)
+    assert f"{param}: invalid text at {where}" in reply["error"]["message"]
+    assert _post(conn, "/v1/completions", completion())[0] == 200  # the same connection
+    conn.close()
+
+
+CONTENT_PARTS = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+UNCLEAR = [
+    ("/v1/completions", {"raw": b'{"prompt": "x"}', "headers": {"Content-Type": "text/plain"}},
+     415, None, "must be a JSON object sent with 'Content-Type: application/json'"),
+    ("/v1/completions", {"raw": b""}, 400, None, "the body is empty; send a JSON object"),
+    ("/v1/chat/completions", {"raw": b""}, 400, None, '"messages": [{"role": "user"'),
+    ("/v1/completions", {"body": completion(prompt=[True])}, 400, "prompt",
+     "prompt must be a string, a list of strings, a list of token ids or a list of lists"),
+    ("/v1/completions", {"body": completion(stop=5)}, 400, "stop",
+     "stop must be a string or a list of strings"),
+    ("/v1/chat/completions", {"body": chat(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, CONTENT_PARTS]}])}, 400, "messages.0.content",
+     "content parts must be {\"type\": \"text\", \"text\": ...}; 'image_url' parts are not"),
+    ("/v1/chat/completions", {"body": chat(messages=[{"role": "user", "content": 5}])}, 400,
+     "messages.0.content", "must be a string or a list of {\"type\": \"text\""),
+    ("/v1/completions", {"raw": b'{"prompt": "x", "temperature": NaN}'}, 400, "temperature",
+     "temperature must be a finite number"),
+    ("/v1/completions", {"raw": b'{"prompt": "x", "top_p": Infinity}'}, 400, "top_p",
+     "top_p must be a finite number"),
+    ("/v1/chat/completions", {"body": {"messages": MESSAGES, "max_completion_tokens": 10**6}},
+     400, "max_completion_tokens", "lower max_completion_tokens to at most"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "request_", "status", "param", "message"), UNCLEAR,
+                         ids=[m[:30] for *_, m in UNCLEAR])  # fmt: skip
+def test_messages_say_what_is_wrong_and_what_is_allowed(
+    server: Server, path: str, request_: dict[str, Any], status: int, param: str | None,
+    message: str,
+) -> None:  # fmt: skip
+    raw = request_.get("raw")
+    got, reply = call(server.url, path, request_.get("body"), request_.get("headers"),
+                      "POST", raw)  # fmt: skip
+    assert_error(got, reply, status, param)
+    assert message in reply["error"]["message"], reply
+
+
+def test_harmless_defaults_are_accepted(server: Server) -> None:
+    """What frameworks send by default: empty logit_bias, user; HEAD /health; a trailing
+    slash (served as the route without it)."""
+    for bias in ({}, None):
+        for path, make in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+            status, reply = call(server.url, path, make(logit_bias=bias, user="u-1"))
+            assert status == 200, reply
+    status, reply = call(server.url, "/v1/completions", completion(logit_bias={"50": -100}))
+    assert_error(status, reply, 400, "logit_bias")
+    assert "logit_bias is not supported" in reply["error"]["message"]
+    assert call(server.url, "/health", method="HEAD")[0] == 200
+    assert call(server.url, "/health/") == (200, {"status": "ok"})
+    greedy = chat(temperature=0, max_tokens=4)
+    status, slashed = call(server.url, "/v1/chat/completions/", greedy)
+    assert status == 200, slashed
+    plain = call(server.url, "/v1/chat/completions", greedy)[1]
+    assert slashed["choices"][0]["message"] == plain["choices"][0]["message"]

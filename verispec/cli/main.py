@@ -81,6 +81,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        default=True,
                        help="reuse the KV of prompt prefixes earlier requests computed (exact; "
                        "on by default)")  # fmt: skip
+    serve.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
+                       help="largest request body in bytes; a larger one is answered 413 "
+                       "(default 16 MiB)")  # fmt: skip
+    serve.add_argument("--max-sequences-per-request", type=int, default=None, metavar="N",
+                       help="most sequences (prompts x n) one request may queue; more is a 400 "
+                       "(default 64)")  # fmt: skip
 
 
 def _csv(kind: type) -> Any:
@@ -292,7 +298,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
-    from verispec.serve import Server
+    from verispec.serve import Server, ServerLimits
 
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
@@ -300,10 +306,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--long-prefill-chunk must be >= 1, got {args.long_prefill_chunk}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name must not be empty")
+    given = {name: getattr(args, name) for name in ("max_request_bytes",
+             "max_sequences_per_request") if getattr(args, name) is not None}  # fmt: skip
+    for name, value in given.items():
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    limits = ServerLimits(**given)
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
     llm = load_llm(args)
     server = Server(llm.engine, args.host, args.port, api_key, args.served_model_name,
-                    log_level="info")  # fmt: skip
+                    log_level="info", limits=limits)  # fmt: skip
     engine = llm.engine
     spec = engine.config.speculative
     drafting = "off" if spec is None else (

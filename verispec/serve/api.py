@@ -2,7 +2,8 @@
 completions streamed with Server-Sent Events or not, models, health, Prometheus metrics and the
 chat page at `/`). Errors are answered in OpenAI's shape (serve/errors.py); the response bodies
 are built by serve/openai_format.py. A failed engine step is a 500 for the requests it was
-serving only.
+serving only. Prompts are checked, templated and tokenized in a worker thread, so that a large
+body does not hold up the event loop (and every other client) while it is tokenized.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from verispec.api.chat import chat_prompt, require_chat_template
 from verispec.api.outputs import RequestOutput
@@ -25,6 +27,7 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import DeltaMaker
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.errors import FIELD_NAMES, APIError, add_error_handlers
+from verispec.serve.limits import BodyLimit, ServerLimits
 from verispec.serve.openai_format import SSE_DONE, Reply, sse_event
 from verispec.serve.protocol import (
     ChatCompletionRequest,
@@ -38,18 +41,18 @@ from verispec.serve.protocol import (
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""
-DISCONNECT_POLL_S = 0.5
-"""How often a non-streamed request checks that its client is still connected."""
 
 
 @dataclass(slots=True)
 class ServerState:
-    """What the routes share: the engine, the names the model answers to, the API key."""
+    """What the routes share: the engine, the names the model answers to, the API key, the
+    limits on one request."""
 
     engine: AsyncEngine
     model_name: str
     api_key: str | None
     created: int
+    limits: ServerLimits
 
     @property
     def tokenizer(self) -> Any:
@@ -60,13 +63,22 @@ class ServerState:
         return self.engine.engine.max_model_len
 
 
-def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The FastAPI application serving `engine` (started and stopped with the app)."""
-    state = ServerState(engine, model_name, api_key, int(time.time()))
+def create_app(
+    engine: AsyncEngine,
+    model_name: str,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+) -> FastAPI:
+    """The FastAPI application serving `engine` (started and stopped with the app). A path
+    with a trailing slash is served as the path without it (no redirect)."""
+    limits = limits or ServerLimits()
+    state = ServerState(engine, model_name, api_key, int(time.time()), limits)
     app = FastAPI(title="verispec", description="OpenAI-compatible speculative decoding server",
-                  version="0.1.0")  # fmt: skip
+                  version="0.1.0", redirect_slashes=False)  # fmt: skip
     app.state.verispec = state
     add_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+    app.add_middleware(_TrailingSlash)
 
     def authorize(request: Request) -> None:
         if state.api_key is None:
@@ -86,6 +98,7 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None)
         return HTMLResponse(resources.files("verispec.serve").joinpath("page.html").read_text())
 
     @app.get("/health")
+    @app.head("/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -103,17 +116,17 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None)
 
     @app.post("/v1/completions", dependencies=guarded, response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> Response | BaseModel:
-        _check_model(state, body.model)
+        _check_request(state, body, _num_prompts(body.prompt))
         if body.best_of is not None and body.best_of != body.n:
             raise APIError(400, f"best_of must equal n ({body.n}): choices are not re-ranked",
                            "best_of")  # fmt: skip
-        prompts = _completion_prompts(state, body.prompt)
-        return await _generate(state, body, raw, prompts, body.max_tokens, body.logprobs,
-                               chat=False)  # fmt: skip
+        prompts = await asyncio.to_thread(_completion_prompts, state, body)
+        return await _generate(state, body, raw, prompts, body.max_tokens, "max_tokens",
+                               body.logprobs, chat=False)  # fmt: skip
 
     @app.post("/v1/chat/completions", dependencies=guarded, response_model=None)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response | BaseModel:
-        _check_model(state, body.model)
+        _check_request(state, body, 1)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both",
                            "max_completion_tokens")  # fmt: skip
@@ -125,16 +138,49 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None)
         except ValueError:
             raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
                            "prompt to /v1/completions", "messages") from None  # fmt: skip
-        try:
-            text, ids = chat_prompt(hf, [m.as_dict() for m in body.messages], state.model_name,
-                                    body.chat_template_kwargs)  # fmt: skip
-        except ValueError as e:
-            raise APIError(400, str(e), "messages") from None
+        text, ids = await asyncio.to_thread(_chat_prompt, state, body)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _generate(state, body, raw, [(ids, text)], max_tokens, num_top, chat=True)
+        if body.max_completion_tokens is not None:
+            max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, field = body.max_tokens, "max_tokens"
+        return await _generate(state, body, raw, [(ids, text)], max_tokens, field, num_top,
+                               chat=True)  # fmt: skip
 
     return app
+
+
+class _TrailingSlash:
+    """ASGI middleware serving /v1/completions/ as /v1/completions (clients that add a slash get
+    the answer, not a redirect they may not follow with the body)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await self.app(scope, receive, send)
+
+
+def _check_request(
+    state: ServerState, body: CompletionRequest | ChatCompletionRequest, num_prompts: int
+) -> None:
+    """The checks that need no tokenizing: model, unsupported values, the sequence cap."""
+    _check_model(state, body.model)
+    if body.logit_bias:
+        raise APIError(400, "logit_bias is not supported: this server does not bias tokens; "
+                       "send {} or null, or leave it out", "logit_bias")  # fmt: skip
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options needs stream: true", "stream_options")
+    cap = state.limits.max_sequences_per_request
+    if num_prompts * body.n > cap:
+        param = "n" if body.n > 1 else "prompt"
+        raise APIError(400, f"this request asks for {num_prompts} prompt(s) x n {body.n} = "
+                       f"{num_prompts * body.n} sequences; this server takes at most {cap} per "
+                       "request (verispec serve --max-sequences-per-request); split it",
+                       param)  # fmt: skip
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -144,19 +190,107 @@ def _check_model(state: ServerState, model: str | None) -> None:
         raise APIError(400, message, "model", "model_not_found")
 
 
-def _completion_prompts(state: ServerState, prompt: Any) -> list[tuple[list[int], str | None]]:
-    """(token ids, text) of each prompt of a completions request."""
+def _num_prompts(prompt: Any) -> int:
+    """How many prompts a completions request's prompt field holds (before tokenizing; its
+    lists are of one kind, so the first item tells)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
+
+
+def _check_text(value: Any, path: str = "") -> None:
+    """Raise a 400 naming the first string in a request (a field, an item, a key) that is not
+    text: a lone surrogate, which JSON's escapes can write, cannot be encoded or tokenized."""
+    if isinstance(value, str):
+        if value.isascii():
+            return
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise APIError(400, f"{path}: invalid text at character {e.start}: a lone surrogate "
+                           f"U+{ord(value[e.start]):04X} (a surrogate escape must be one of a "
+                           "pair)", path or None) from None  # fmt: skip
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _check_text(getattr(value, name), f"{path}.{name}" if path else name)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_text(item, f"{path}.{i}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, path)
+            _check_text(item, f"{path}.{key}")
+
+
+def _too_long(state: ServerState, num_tokens: int, param: str) -> APIError:
+    return APIError(400, f"the prompt has {num_tokens} tokens but this model's context is "
+                    f"{state.max_model_len} tokens; shorten it", param,
+                    "context_length_exceeded")  # fmt: skip
+
+
+def _encode(
+    state: ServerState, text: str, param: str, add_special_tokens: bool = True
+) -> list[int]:
+    """Token ids of a text that fits the context, else the context error. The count comes from
+    the tokenizer's own encoding: a huge prompt's ids never become a Python list, whose making
+    and freeing hold the interpreter lock (and so the event loop) for long."""
+    hf = state.tokenizer.hf
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        ids = list(hf.encode(text, add_special_tokens=add_special_tokens))
+    else:
+        encoding = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        if len(encoding) >= state.max_model_len:
+            raise _too_long(state, len(encoding), param)
+        ids = encoding.ids
+    if len(ids) >= state.max_model_len:
+        raise _too_long(state, len(ids), param)
+    return ids
+
+
+class _ContextTokenizer:
+    """The served Hugging Face tokenizer as chat_prompt uses it, with encode() refusing a text
+    too long for the context from its count (see _encode)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state.tokenizer.hf, name)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return _encode(self._state, text, "messages", add_special_tokens)
+
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+    """(text, token ids) of a chat request's messages, its text checked first (a worker thread
+    runs this: templating and tokenizing a large body take long)."""
+    _check_text(body)
+    try:
+        return chat_prompt(_ContextTokenizer(state), [m.as_dict() for m in body.messages],
+                           state.model_name, body.chat_template_kwargs)  # fmt: skip
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+
+
+def _completion_prompts(
+    state: ServerState, body: CompletionRequest
+) -> list[tuple[list[int], str | None]]:
+    """(token ids, text) of each prompt of a completions request, its text checked first (a
+    worker thread runs this)."""
+    _check_text(body)
+    prompt = body.prompt
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "prompt is empty; give text, texts, token ids or lists of them",
                        "prompt")  # fmt: skip
-    if all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt[0], int):  # validated: a list of ids, or of strings or lists
         prompt = [prompt]
     out = []
     for p in prompt:
         if isinstance(p, str):
-            out.append((state.tokenizer.encode(p), p))
+            out.append((_encode(state, p, "prompt"), p))
         else:
             out.append((list(p), None))
     return out
@@ -168,18 +302,17 @@ async def _generate(
     raw: Request,
     prompts: list[tuple[list[int], str | None]],
     max_tokens: int | None,
+    max_tokens_field: str,
     num_logprobs: int | None,
     chat: bool,
 ) -> Response | BaseModel:
     """Submit every prompt's n choices, then stream them or answer once all are done."""
     params = [
-        _choice_params(state, body, len(ids), max_tokens, num_logprobs, j)
+        _choice_params(state, body, len(ids), max_tokens, max_tokens_field, num_logprobs, j)
         for ids, _ in prompts
         for j in range(body.n)
     ]
     choices = [p for p in prompts for _ in range(body.n)]
-    if body.stream_options is not None and not body.stream:
-        raise APIError(400, "stream_options needs stream: true", "stream_options")
     try:
         group = await state.engine.submit(choices, params)
     except ValueError as e:
@@ -199,25 +332,25 @@ def _choice_params(
     body: CompletionRequest | ChatCompletionRequest,
     num_prompt_tokens: int,
     max_tokens: int | None,
+    max_tokens_field: str,
     num_logprobs: int | None,
     index: int,
 ) -> SamplingParams:
     """One choice's SamplingParams: its seed is seed + index, so n choices differ and each is
-    reproducible; max_tokens must fit the context (vLLM's rule), an unset one is capped."""
+    reproducible; max_tokens (named as the request named it) must fit the context (vLLM's
+    rule), an unset one is capped."""
     room = state.max_model_len - num_prompt_tokens
     if room < 1:
-        raise APIError(400, f"the prompt has {num_prompt_tokens} tokens but this model's "
-                       f"context is {state.max_model_len} tokens; shorten it",
-                       "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-                       "context_length_exceeded")  # fmt: skip
+        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise _too_long(state, num_prompt_tokens, param)
     if max_tokens is None:
         default = room if isinstance(body, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
         max_tokens = min(default, room)
     elif max_tokens > room:
         raise APIError(400, f"this model's context is {state.max_model_len} tokens, but "
-                       f"{num_prompt_tokens} prompt tokens + max_tokens {max_tokens} = "
-                       f"{num_prompt_tokens + max_tokens}; lower max_tokens to at most {room}",
-                       "max_tokens", "context_length_exceeded")  # fmt: skip
+                       f"{num_prompt_tokens} prompt tokens + {max_tokens_field} {max_tokens} = "
+                       f"{num_prompt_tokens + max_tokens}; lower {max_tokens_field} to at most "
+                       f"{room}", max_tokens_field, "context_length_exceeded")  # fmt: skip
     seed = None if body.seed is None else body.seed + index
     try:
         return body.sampling_params(max_tokens, num_logprobs, seed)
@@ -227,17 +360,17 @@ def _choice_params(
 
 
 async def _collect(state: ServerState, group: RequestGroup, raw: Request) -> list[RequestOutput]:
-    """Wait for every choice's output; abort the group if the client goes away."""
+    """Wait for every choice's output; abort the group as soon as the client goes away (a
+    watcher awaits the disconnect while tokens flow)."""
     outputs: dict[int, RequestOutput] = {}
     stream = aiter(group)
+    gone = asyncio.ensure_future(_disconnected(raw))
     next_item = asyncio.ensure_future(anext(stream))
     try:
         while True:
-            done, _ = await asyncio.wait({next_item}, timeout=DISCONNECT_POLL_S)
-            if not done:
-                if await raw.is_disconnected():
-                    break
-                continue
+            await asyncio.wait({next_item, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                break
             try:
                 index, news = next_item.result()
             except StopAsyncIteration:
@@ -249,11 +382,19 @@ async def _collect(state: ServerState, group: RequestGroup, raw: Request) -> lis
             next_item = asyncio.ensure_future(anext(stream))
     finally:
         next_item.cancel()
+        gone.cancel()
         if not group.done:
             state.engine.abort(group)
     if len(outputs) < len(group.requests):  # nobody is left to read this
         raise APIError(400, "the client disconnected before the answer was complete")
     return [outputs[i] for i in range(len(outputs))]
+
+
+async def _disconnected(raw: Request) -> None:
+    """Return when the client has closed its connection (ASGI's http.disconnect; the body was
+    read before, so nothing else arrives on a request's channel)."""
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sse(

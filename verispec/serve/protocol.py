@@ -22,7 +22,7 @@ MAX_N = 16
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -50,6 +50,8 @@ class _GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     """An end-user id, as in OpenAI's API; accepted and not used."""
+    logit_bias: dict[str, float] | None = None
+    """Accepted empty ({} or null), as frameworks send it; tokens are not biased."""
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False

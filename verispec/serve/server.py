@@ -12,6 +12,7 @@ from verispec.engine.engine import Engine
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.serve.api import create_app
 from verispec.serve.async_engine import AsyncEngine
+from verispec.serve.limits import ServerLimits
 from verispec.serve.metrics import ServerMetrics
 
 STARTUP_TIMEOUT_S = 30.0
@@ -33,6 +34,7 @@ class Server:
         api_key: str | None = None,
         model_name: str | None = None,
         log_level: str = "warning",
+        limits: ServerLimits | None = None,
     ) -> None:
         if api_key is not None and not api_key.strip():
             raise ValueError("api_key must not be empty (omit it to serve without a key)")
@@ -41,7 +43,8 @@ class Server:
         self.model_name = model_name or served_name(engine)
         self.metrics = ServerMetrics(self.model_name)
         self.engine = AsyncEngine(engine, self.metrics)
-        self.app = create_app(self.engine, self.model_name, api_key)
+        self.limits = limits or ServerLimits()
+        self.app = create_app(self.engine, self.model_name, api_key, self.limits)
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=1)  # fmt: skip
         self._uvicorn = uvicorn.Server(config)
