@@ -35,6 +35,8 @@ from verispec.serve.protocol import (
     ModelCard,
     ModelList,
 )
+from verispec.serve.structured import requested_constraint
+from verispec.serve.tools import OutputPlan, plan_output
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""
@@ -108,8 +110,9 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None)
             raise APIError(400, f"best_of must equal n ({body.n}): choices are not re-ranked",
                            "best_of")  # fmt: skip
         prompts = _completion_prompts(state, body.prompt)
+        plan = OutputPlan(await asyncio.to_thread(requested_constraint, body))
         return await _generate(state, body, raw, prompts, body.max_tokens, body.logprobs,
-                               chat=False)  # fmt: skip
+                               chat=False, plan=plan)  # fmt: skip
 
     @app.post("/v1/chat/completions", dependencies=guarded, response_model=None)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response | BaseModel:
@@ -125,14 +128,19 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None)
         except ValueError:
             raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
                            "prompt to /v1/completions", "messages") from None  # fmt: skip
+        constraint = await asyncio.to_thread(requested_constraint, body)
+        plan = await asyncio.to_thread(plan_output, body, hf, state.model_name, constraint)
+        kwargs = {**(body.chat_template_kwargs or {}),
+                  **({"tools": plan.template_tools} if plan.template_tools else {})}  # fmt: skip
         try:
             text, ids = chat_prompt(hf, [m.as_dict() for m in body.messages], state.model_name,
-                                    body.chat_template_kwargs)  # fmt: skip
+                                    kwargs)  # fmt: skip
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _generate(state, body, raw, [(ids, text)], max_tokens, num_top, chat=True)
+        return await _generate(state, body, raw, [(ids, text)], max_tokens, num_top, chat=True,
+                               plan=plan)  # fmt: skip
 
     return app
 
@@ -170,10 +178,11 @@ async def _generate(
     max_tokens: int | None,
     num_logprobs: int | None,
     chat: bool,
+    plan: OutputPlan,
 ) -> Response | BaseModel:
     """Submit every prompt's n choices, then stream them or answer once all are done."""
     params = [
-        _choice_params(state, body, len(ids), max_tokens, num_logprobs, j)
+        plan.apply(_choice_params(state, body, len(ids), max_tokens, num_logprobs, j))
         for ids, _ in prompts
         for j in range(body.n)
     ]
@@ -185,7 +194,7 @@ async def _generate(
     except ValueError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt") from None
     reply = Reply(state.model_name, state.tokenizer, chat, [ids for ids, _ in choices], params,
-                  body.n, body.return_token_ids)  # fmt: skip
+                  body.n, body.return_token_ids, plan.parse_tools)  # fmt: skip
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(_sse(state, group, reply, usage),
