@@ -12,7 +12,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from verispec.api.sampling_params import SamplingParams
 
@@ -178,14 +185,22 @@ class MessageToolCall(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart] | None = None
-    """Text, or a list of text parts (joined); images and audio are not supported. Null or
-    absent only in an assistant message with tool_calls."""
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     """An assistant message's tool calls."""
     tool_call_id: str | None = None
     """A tool message's call."""
+    content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
+    """Text, or a list of text parts (joined); images and audio are not supported. Null or
+    absent only in an assistant message with tool_calls."""
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not info.data.get("tool_calls"):
+            raise ValueError("content is required (null only in an assistant message with "
+                             "tool_calls)")  # fmt: skip
+        return value
 
     @model_validator(mode="after")
     def _fields_of_role(self) -> ChatMessage:
@@ -193,9 +208,6 @@ class ChatMessage(_Strict):
             raise ValueError(f"tool_calls belong to assistant messages, not {self.role}")
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError(f"tool_call_id belongs to tool messages, not {self.role}")
-        if self.content is None and not self.tool_calls:
-            raise ValueError("content is required (null only in an assistant message with "
-                             "tool_calls)")  # fmt: skip
         return self
 
     def as_dict(self) -> dict[str, Any]:
