@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,12 +50,13 @@ from tests.helpers.distribution import (
     ALPHA,
     DRAFT_PROMPT,
     VOCAB,
+    char_tokenizer,
     exact_joint,
     run_case,
     word_tokenizer,
 )
 from tests.helpers.drafting import small_vocab_sample
-from verispec import LLM, SamplingParams, SpecConfig
+from verispec import LLM, SamplingParams, SpecConfig, StructuredOutputsParams
 from verispec.audit.fit import Fit, chi2_sf, fit, gamma_q
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.draft_vocab import draft_vocab
@@ -65,6 +67,7 @@ from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
+from verispec.sample.grammar import GrammarCompiler
 from verispec.tokenizer import Tokenizer
 from verispec.train.distill import (
     extract_features,
@@ -466,3 +469,43 @@ def test_a_broken_tree_verifier_fails_the_same_check(
                   eagle_spec(eagle_head, tree=True))  # fmt: skip
     assert not run.fit.ok(ALPHA)
     assert run.fit.p_value < 1e-9, run.fit
+
+
+CONSTRAINT = StructuredOutputsParams(regex=r"(a(b|c)|d(e|f|g)|h[a-i])[a-i][a-i]+")
+"""Letters a .. i are ids 3 .. 11 under `char_tokenizer`: the first token is a, d or h, the
+second depends on it, and no EOS comes before the fourth, so every request runs 4 tokens."""
+
+
+@pytest.fixture(scope="module")
+def char_checkpoints(
+    checkpoints: tuple[Path, Path, PreTrainedModel], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, PreTrainedModel]:
+    """The same target and draft with the 12 ids spelled as letters (a grammar reads text)."""
+    root = tmp_path_factory.mktemp("char-vocab")
+    for source in checkpoints[:2]:
+        shutil.copytree(source, root / source.name)
+        char_tokenizer().save_pretrained(str(root / source.name))
+    return root / checkpoints[0].name, root / checkpoints[1].name, checkpoints[2]
+
+
+@pytest.mark.parametrize("method", ["draft_model", "suffix"])
+def test_constrained_sampling_with_drafts_matches_the_constrained_target(
+    char_checkpoints: tuple[Path, Path, PreTrainedModel], ngram_prompt: list[int], method: str
+) -> None:
+    """A grammar's mask is part of the target's warping: with drafts (a chain from a draft
+    model whose q is masked too; suffix trees, which the mask may forbid) the first tokens
+    follow the constrained target exactly, history-dependent masks included."""
+    target, draft, model = char_checkpoints
+    spec = (replace(draft_spec(char_checkpoints), model=str(draft)) if method == "draft_model"
+            else SUFFIX)  # fmt: skip
+    params = replace(params_of(1.0, 1.0, -1, 4), structured_outputs=CONSTRAINT)
+    grammar = GrammarCompiler(char_tokenizer(), VOCAB, [1]).matcher(CONSTRAINT)
+    probs = exact_joint(model, ngram_prompt, params, grammar)
+    for first_seed in (0, N):  # a second block only when the first rejects (measure_exact)
+        counts, acceptance, drafted = run_case(target, ngram_prompt, params, spec, N, first_seed)
+        result = fit(probs, [counts[c] for c in range(len(probs))])
+        print(f"constrained {method}: {result} acceptance={acceptance} drafts={drafted}")
+        if result.ok(ALPHA):
+            break
+    assert result.ok(ALPHA), result
+    assert drafted >= N // 2 and acceptance is not None and 0.05 <= acceptance <= 0.95

@@ -8,10 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.sample.grammar import GrammarMatcher
 from verispec.sample.logits import SamplingTensors, warp
 
 VOCAB = 12
@@ -30,9 +31,27 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def exact_joint(model: PreTrainedModel, prompt: list[int], params: SamplingParams) -> list[float]:
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """The same 12 ids as `word_tokenizer` spelled as one letter each (w0 .. w8 are a .. i), so
+    any text of those letters has exactly one tokenization, as a grammar library expects."""
+    chars = ["<s>", "</s>", "<pad>", *"abcdefghi"]
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(chars)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+def exact_joint(
+    model: PreTrainedModel,
+    prompt: list[int],
+    params: SamplingParams,
+    grammar: GrammarMatcher | None = None,
+) -> list[float]:
     """P(first TOKENS outputs = cell) for every cell a * V^2 + b * V + c, from the target's
-    logits on every prefix, each row warped as the engine warps it (its outputs as history)."""
+    logits on every prefix, each row warped as the engine warps it (its outputs as history,
+    and the grammar's mask after them when the request is constrained)."""
     prefixes = torch.cartesian_prod(*[torch.arange(VOCAB)] * (TOKENS - 1))  # [M, TOKENS - 1]
     m = len(prefixes)
     ids = torch.cat([torch.tensor(prompt).expand(m, -1), prefixes], dim=1)
@@ -40,7 +59,9 @@ def exact_joint(model: PreTrainedModel, prompt: list[int], params: SamplingParam
         logits = model(ids).logits[:, len(prompt) - 1 :]  # [M, TOKENS, V]: row j scores t_{j+1}
     joint = torch.ones(m, dtype=torch.float64)  # [M] P(t_1..t_j = prefix[:j])
     for j in range(TOKENS):
-        t = SamplingTensors.build([params] * m, [prompt] * m, prefixes[:, :j].tolist(), VOCAB)
+        history = prefixes[:, :j].tolist()
+        allowed = None if grammar is None else grammar.masks(history)  # [M, V]
+        t = SamplingTensors.build([params] * m, [prompt] * m, history, VOCAB, allowed=allowed)
         p = warp(logits[:, j], t).double()  # [M, V]
         if j < TOKENS - 1:
             joint *= p.gather(1, prefixes[:, j : j + 1])[:, 0]

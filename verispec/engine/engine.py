@@ -27,6 +27,7 @@ from verispec.models.weights.loader import (
     resolve_dtype,
     resolve_model_path,
 )
+from verispec.sample.grammar import GrammarCompiler
 from verispec.sample.rejection import Verdict
 from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
@@ -55,6 +56,7 @@ class Engine:
         self.max_model_len = self._max_model_len()
         num_blocks = self._num_blocks()
         generator = torch.Generator(self.device).manual_seed(config.seed)
+        self._grammars: GrammarCompiler | None = None  # built by the first constrained request
         self.runner = ModelRunner(
             PagedModel(self.model, num_blocks, config.cache.block_size), generator
         )
@@ -165,6 +167,9 @@ class Engine:
             (prompt, self.tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, prompt)
         )
         self._check_prompt(ids)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammars.matcher(params.structured_outputs)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
@@ -177,9 +182,18 @@ class Engine:
             generator=generator,
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
+            grammar=grammar,
         )
         self.scheduler.add(request)
         return request
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The tokenizer as the structured-output library sees it, built on first use."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer.hf, self.model.config.vocab_size,
+                                             self.eos_token_ids)  # fmt: skip
+        return self._grammars
 
     @property
     def allocator(self) -> BlockAllocator:
@@ -249,6 +263,11 @@ class Engine:
             [s.request for s in drafting], [s.num_draft_slots for s in drafting]
         )
         for i, (s, ids) in enumerate(zip(drafting, drafts.token_ids, strict=True)):
+            grammar = s.request.grammar
+            if grammar is not None and drafts.trees is None and drafts.probs is None:
+                # deterministic drafts stop before the first the grammar forbids: the masked
+                # target could never accept it (sampled drafts come from a masked q)
+                ids = ids[: grammar.valid_prefix(ids)]
             s.draft_token_ids = ids
             s.draft_tree = None if drafts.trees is None else drafts.trees[i]
         return drafts.probs

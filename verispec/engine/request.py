@@ -16,6 +16,7 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.engine.stats import SpecStats
 from verispec.kv import BlockTable
 from verispec.sample import SamplingTensors
+from verispec.sample.grammar import GrammarMatcher
 
 
 class Status(enum.Enum):
@@ -56,6 +57,9 @@ class Request:
     spec_stats: SpecStats = field(default_factory=SpecStats)
     logprobs: list[TokenLogprobs] | None = None
     """One per output token when params.logprobs is set (the engine sets the list)."""
+    grammar: GrammarMatcher | None = None
+    """The structured-output constraint's state after the output so far (params.
+    structured_outputs; the engine makes it), advanced by each appended token."""
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:
@@ -92,6 +96,8 @@ class Request:
         for i, token in enumerate(tokens):
             self.output_token_ids.append(token)
             self.token_times.append(now)
+            if self.grammar is not None:
+                self.grammar.advance(token)
             if self.logprobs is not None and logprobs is not None:
                 self.logprobs.append(logprobs[i])
             reason = self._finish_reason(token, decode)
@@ -177,8 +183,9 @@ def sampling_tensors(
     rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int, device: torch.device
 ) -> SamplingTensors:
     """Warping tensors for logits rows, each given as (request, draft tokens that row's history
-    holds after the request's output). Histories matter only for penalties, so the per-row copy
-    is made only then: target and drafter warp identically (docs/design.md, 3)."""
+    holds after the request's output). Histories matter for penalties and for a grammar's mask,
+    so the per-row copy is made only then: target and drafter warp identically
+    (docs/design.md, 3)."""
     outputs = [
         r.output_token_ids + list(extra) if extra and r.params.needs_penalties
         else r.output_token_ids
@@ -186,5 +193,25 @@ def sampling_tensors(
     ]  # fmt: skip
     return SamplingTensors.build(
         [r.params for r, _ in rows], [r.prompt_token_ids for r, _ in rows], outputs, vocab_size,
-        device,
+        device, grammar_masks(rows, vocab_size),
     )  # fmt: skip
+
+
+def grammar_masks(
+    rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int
+) -> torch.Tensor | None:
+    """[n, vocab] bool: each row's structured-output mask after its history (all True for rows
+    of unconstrained requests); None when no request has a grammar. A request's rows are
+    masked in one pass of its matcher (GrammarMatcher.masks)."""
+    if all(r.grammar is None for r, _ in rows):
+        return None
+    allowed = torch.ones(len(rows), vocab_size, dtype=torch.bool)  # [n, vocab]
+    by_request: dict[int, list[int]] = {}
+    for i, (r, _) in enumerate(rows):
+        if r.grammar is not None:
+            by_request.setdefault(id(r), []).append(i)
+    for indices in by_request.values():
+        request = rows[indices[0]][0]
+        assert request.grammar is not None
+        allowed[indices] = request.grammar.masks([rows[i][1] for i in indices])
+    return allowed

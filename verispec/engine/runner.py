@@ -60,7 +60,9 @@ class ModelRunner:
         it as history. An accepted tree path's KV is moved to the slots a chain would use."""
         if any(s.draft_tree is not None for s in sampling):
             return self._verify_trees(logits, sampling)
-        if all_greedy([s.request for s in sampling]):
+        if all_greedy([s.request for s in sampling]) and not any(
+            s.request.grammar for s in sampling
+        ):
             return verify_greedy(logits, [s.draft_token_ids for s in sampling])  # no tensors
         rows = [
             (s.request, s.draft_token_ids[:j])

@@ -49,6 +49,7 @@ class SamplingTensors:
     frequency_penalty: torch.Tensor  # [n] float32, 0.0 where disabled
     prompt_mask: torch.Tensor | None  # [n, vocab] bool: token occurs in the prompt
     output_counts: torch.Tensor | None  # [n, vocab] float32: occurrences in the output so far
+    allowed: torch.Tensor | None  # [n, vocab] bool: the grammar's mask; None: no row has one
     all_greedy: bool  # every row is greedy: skip temperature and truncation entirely
     any_greedy: bool  # some row is greedy: overwrite those rows with a one-hot
     need_penalties: bool  # some row has a penalty: prompt_mask/output_counts are set
@@ -64,9 +65,11 @@ class SamplingTensors:
         output_token_ids: Sequence[Sequence[int]],
         vocab_size: int,
         device: torch.device | str = "cpu",
+        allowed: torch.Tensor | None = None,
     ) -> SamplingTensors:
         """Gather one row per entry of `params` (the verifier passes one row per draft position,
-        whose output ids include the earlier drafts), as tensors on `device`."""
+        whose output ids include the earlier drafts), as tensors on `device`; `allowed` [n,
+        vocab] bool is the rows' structured-output mask (sample/grammar.py), if any row has one."""
         if not len(params) == len(prompt_token_ids) == len(output_token_ids):
             raise ValueError(
                 f"params, prompt_token_ids and output_token_ids must have one entry per row, got "
@@ -99,6 +102,7 @@ class SamplingTensors:
             frequency_penalty=f32([p.frequency_penalty for p in params]),
             prompt_mask=prompt_mask,
             output_counts=output_counts,
+            allowed=None if allowed is None else allowed.to(device),
             all_greedy=all(greedy),
             any_greedy=any(greedy),
             need_penalties=need_penalties,
@@ -139,6 +143,15 @@ def _histories(
     one = torch.ones((), dtype=torch.float32, device=device)
     output_counts.index_put_((out_rows, out_tokens), one, accumulate=True)
     return prompt_mask, output_counts
+
+
+def apply_mask(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """Logits with the tokens a row's grammar forbids at -inf (a no-op without a grammar): the
+    first step of warping, so a constrained request's p, and its drafter's q, are the
+    constrained distributions."""
+    if t.allowed is None:
+        return logits
+    return logits.masked_fill(~t.allowed, float("-inf"))
 
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -317,10 +330,11 @@ def warp(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """The ONE function that turns raw logits [n, vocab] into the warped distribution p [n, vocab]
     (float32, rows sum to 1).
 
-    Order as in Hugging Face generate: penalties -> temperature -> top-k -> top-p -> min-p ->
-    softmax. Greedy rows get a one-hot at the argmax of the penalised logits (ties: lowest id).
+    Order as in Hugging Face generate, after the grammar's mask: mask -> penalties ->
+    temperature -> top-k -> top-p -> min-p -> softmax. Greedy rows get a one-hot at the argmax
+    of the masked, penalised logits (ties: lowest id).
     """
-    x = apply_penalties(logits.float(), t)  # [n, vocab]
+    x = apply_penalties(apply_mask(logits.float(), t), t)  # [n, vocab]
     greedy_p = None
     if t.any_greedy:
         top = x.argmax(dim=1, keepdim=True)  # [n, 1]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.sample.logits import SamplingTensors, warp
+from verispec.sample.logits import SamplingTensors, apply_mask, warp
 from verispec.sample.sampler import argmax_rows, sample
 
 
@@ -61,7 +61,7 @@ def verify(
     reject 2, emit the target's 9: token_ids [[5, 7, 9]], num_accepted [2].
     """
     if t.all_greedy and not t.need_penalties:
-        return verify_greedy(logits, drafts)
+        return verify_greedy(apply_mask(logits, t), drafts)
     _check_rows(logits, drafts)
     counts = [len(d) for d in drafts]
     device = logits.device

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.sample.logits import SamplingTensors, warp
+from verispec.sample.logits import SamplingTensors, apply_mask, warp
 from verispec.sample.rejection import Verdict
 from verispec.sample.sampler import argmax_rows, sample
 
@@ -178,7 +178,7 @@ def verify_tree(
     """
     starts = _starts(logits, trees, t, generators)
     fast = t.all_greedy and not t.need_penalties  # then only the raw logits' argmax matters
-    p = logits if fast else warp(logits, t)  # [R, vocab]
+    p = apply_mask(logits, t) if fast else warp(logits, t)  # [R, vocab]
     greedy = [True] * len(p) if fast else t.greedy.tolist()  # [R]
     argmax = argmax_rows(p).tolist() if t.any_greedy else []  # [R] when some row is greedy
     walks = [

@@ -1,0 +1,157 @@
+"""Structured output: a request's grammar as a token mask on each of its logits rows.
+
+llguidance compiles a StructuredOutputsParams (a JSON schema, a regex, a choice, a Lark
+grammar) against the tokenizer and tracks which tokens may come next. Chosen over xgrammar
+because its wheel depends on nothing (xgrammar pulls in triton and its own torch), its masks
+take tens of microseconds on a CPU, and its matcher rolls back consumed tokens, which is what
+checking drafts needs.
+
+A row's mask depends on the row's history: row j of a verify step sits after the request's
+output and its first j drafts, so `GrammarMatcher.masks` consumes each row's drafts, reads the
+mask and rolls them back. The mask is applied first in `sample.logits.warp`, so target and
+drafter warp identically and the verified distribution is the constrained one
+(docs/design.md, 3).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+
+from verispec.api.sampling_params import StructuredOutputsParams
+
+JSON_FORMAT: dict[str, Any] = {"item_separator": ", ", "key_separator": ": ",
+                               "whitespace_flexible": False}  # fmt: skip
+"""JSON's layout: Python's json.dumps separators and no other whitespace, so a model cannot
+pad its answer with endless blanks; a schema's own "x-guidance" options override these."""
+
+
+def grammar_text(spec: StructuredOutputsParams) -> str:
+    """The llguidance grammar of one constraint (its validity is checked by `GrammarCompiler`).
+
+    >>> grammar_text(StructuredOutputsParams(choice=["yes", "no"]))
+    'start: "yes" | "no"'
+    """
+    if spec.json is not None or spec.json_object:
+        schema = {"type": "object"} if spec.json_object else spec.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise ValueError("structured_outputs.json must be a JSON schema object")
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
+        except ValueError as e:
+            raise ValueError(f"structured_outputs.json: {e}") from None
+    if spec.regex is not None:
+        return llguidance.LLMatcher.grammar_from_regex(spec.regex)
+    if spec.choice is not None:
+        alternatives = " | ".join(json.dumps(c) for c in spec.choice)
+        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+    assert spec.grammar is not None  # StructuredOutputsParams holds exactly one constraint
+    return llguidance.LLMatcher.grammar_from_lark(spec.grammar)
+
+
+class GrammarCompiler:
+    """The tokenizer as llguidance sees it (built once per engine: about a second for a large
+    vocabulary), and the matchers of requests' constraints."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.vocab_size = vocab_size
+        """Width of a mask: the model's logits rows (a tokenizer may have fewer tokens)."""
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids)
+        )
+
+    def matcher(self, spec: StructuredOutputsParams) -> GrammarMatcher:
+        """A fresh matcher of `spec`; a ValueError says what is wrong with the constraint."""
+        grammar = grammar_text(spec)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise ValueError(f"structured_outputs: {_kind(spec)} is invalid: {error.strip()}")
+        return GrammarMatcher(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0),
+                              self.vocab_size)  # fmt: skip
+
+
+def _kind(spec: StructuredOutputsParams) -> str:
+    if spec.json is not None:
+        return "the JSON schema"
+    return next(f"the {name}" for name in ("regex", "choice", "grammar")
+                if getattr(spec, name) is not None)  # fmt: skip
+
+
+_BITS = torch.arange(32, dtype=torch.int32)  # [32] bit positions of a mask word
+
+
+class GrammarMatcher:
+    """One request's grammar state after its output so far; advanced by emitted tokens only
+    (drafts are consumed and rolled back within `masks` and `valid_prefix`)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def masks(self, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[n, vocab] bool: which tokens may follow each history (tokens after the output so
+        far). A history the grammar rejects is a row no output can reach (its draft has p = 0
+        and is never accepted): every token is allowed there, so the row stays a distribution.
+
+        Consecutive histories that extend each other (a chain's rows, a tree's depth-first
+        rows) reuse what is consumed: only the differing tail is rolled back.
+        """
+        m = self.matcher
+        words = torch.empty(len(histories), (self.vocab_size + 31) // 32, dtype=torch.int32)
+        consumed: list[int] = []
+        for row, history in enumerate(histories):
+            common = _common_prefix(consumed, history)
+            if len(consumed) > common:
+                m.rollback(len(consumed) - common)
+                del consumed[common:]
+            rest = list(history[common:])
+            ok = m.validate_tokens(rest) == len(rest) if rest else True
+            if ok and rest:
+                m.consume_tokens(rest)
+                consumed.extend(rest)
+            if ok:
+                v = words[row]
+                m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
+            else:
+                words[row] = -1  # every bit set
+        if consumed:
+            m.rollback(len(consumed))
+        bits = (words.unsqueeze(-1) >> _BITS) & 1  # [n, words, 32]
+        return bits.reshape(len(histories), -1)[:, : self.vocab_size].bool()
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (after the output so far) the grammar accepts, in order."""
+        return self.matcher.validate_tokens(list(tokens))
+
+    def advance(self, token: int) -> None:
+        """Consume one emitted token (always allowed: the masked target sampled it). Once the
+        grammar is complete only EOS may follow, which changes nothing (ignore_eos runs on)."""
+        if self.matcher.is_stopped():
+            return
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"grammar rejected emitted token {token}: "
+                               f"{self.matcher.get_error()}")  # fmt: skip
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix.
+
+    >>> _common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
