@@ -183,7 +183,26 @@ class MessageToolCall(_Strict):
     function: FunctionCall
 
 
+_GIVEN = {"type": ["string", "array"]}
+_MESSAGE_SHAPES = {
+    "anyOf": [
+        {"properties": {"role": {"enum": ["system", "user", "developer"]}, "content": _GIVEN},
+         "required": ["content"],
+         "not": {"anyOf": [{"required": ["tool_calls"]}, {"required": ["tool_call_id"]}]}},
+        {"properties": {"role": {"const": "tool"}, "content": _GIVEN}, "required": ["content"],
+         "not": {"required": ["tool_calls"]}},
+        {"properties": {"role": {"const": "assistant"}, "content": _GIVEN},
+         "required": ["content"], "not": {"required": ["tool_call_id"]}},
+        {"properties": {"role": {"const": "assistant"}, "tool_calls": {"minItems": 1}},
+         "required": ["tool_calls"], "not": {"required": ["tool_call_id"]}},
+    ]
+}  # fmt: skip
+"""What the validators of ChatMessage check, said in its JSON schema (GET /openapi.json)."""
+
+
 class ChatMessage(_Strict):
+    model_config = ConfigDict(json_schema_extra=_MESSAGE_SHAPES)
+
     role: Literal["system", "user", "assistant", "tool", "developer"]
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from verispec.api.sampling_params import StructuredOutputsParams
+from verispec.sample.grammar import grammar_text
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputsField
 
@@ -73,17 +74,14 @@ def _schema(value: dict[str, Any] | str) -> dict[str, Any]:
 
 
 def check_constraint(params: StructuredOutputsParams, field: str) -> None:
-    """Raise a 400 naming `field` unless llguidance compiles the constraint's grammar."""
+    """Raise a 400 naming `field` unless llguidance compiles the constraint's grammar (the one
+    the engine compiles, sample/grammar.py; here without the tokenizer, off the engine)."""
     from llguidance import LLMatcher
 
-    if params.json is not None:
-        grammar = LLMatcher.grammar_from_json_schema(_schema(params.json))
-    elif params.regex is not None:
-        grammar = LLMatcher.grammar_from_regex(params.regex)
-    elif params.grammar is not None:
-        grammar = LLMatcher.grammar_from_lark(params.grammar)
-    else:  # json_object and choice always compile
-        return
+    try:
+        grammar = grammar_text(params)
+    except ValueError as e:
+        raise APIError(400, f"{field}: {e}", field) from None
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise APIError(400, f"{field}: llguidance cannot compile it: {error.strip()}", field)

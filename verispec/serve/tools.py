@@ -1,6 +1,8 @@
 """Tools and tool_choice of a chat request: which functions the chat template renders, whether
 the answer's tool calls are parsed out (serve/tool_calls.py), and the grammar that forces a call
-when one is required (llguidance's Lark with each function's parameters as `%json`)."""
+when one is required (llguidance's Lark with each function's parameters as `%json`, laid out as
+Qwen2.5's template writes calls: Python's json.dumps separators, no free whitespace, so the
+model continues text like its own and a call always ends)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verispec.api.sampling_params import SamplingParams, StructuredOutputsParams
+from verispec.sample.grammar import JSON_FORMAT
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, FunctionDefinition
 from verispec.serve.structured import check_constraint
 from verispec.serve.tool_calls import CLOSE, OPEN
 
-JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-"""How a forced call's JSON is spaced: as Qwen2.5's template writes calls (Python's json.dumps),
-so the model continues text like its own; no free whitespace, so a call always ends."""
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 """The arguments of a function that gives no parameters schema."""
 
@@ -66,6 +66,10 @@ def plan_output(
     if not tools:
         raise APIError(400, f"tool_choice {named or choice!r} needs tools", "tool_choice")
     functions = [t.function for t in tools]
+    for i, f in enumerate(functions):
+        if f.parameters is not None and f.parameters.get("type", "object") != "object":
+            message = f"function {f.name}'s parameters must be a JSON schema of an object"
+            raise APIError(400, message, f"tools.{i}.function.parameters")
     names = [f.name for f in functions]
     if len(set(names)) < len(names):
         raise APIError(400, f"tools name a function twice: {names}", "tools")
@@ -100,26 +104,33 @@ def plan_output(
 
 
 def call_grammar(functions: list[FunctionDefinition], one_call: bool, answer: Any = None) -> str:
-    """llguidance Lark: tool-call blocks (one, or one or more separated by newlines), each a
-    JSON object {"name": one of the functions, "arguments": that function's parameters}; with
-    `answer` (a JSON schema, or JSON text of one), that JSON instead of calls is allowed too.
+    """llguidance Lark: tool-call blocks (one, or one or more separated by newlines), each
+    `{"name": "<a function>", "arguments": <JSON its parameters schema accepts>}`; with `answer`
+    (a JSON schema, or its JSON text), that JSON instead of calls is allowed too. Each function's
+    schema is its own `%json` root, so its `$ref`s resolve as written.
 
     >>> print(call_grammar([FunctionDefinition(name="f")], True).splitlines()[1])
     start: call
     """
-    calls = [
-        {"type": "object",
-         "properties": {"name": {"const": f.name},
-                        "arguments": NO_ARGUMENTS if f.parameters is None else f.parameters},
-         "required": ["name", "arguments"], "additionalProperties": False}
-        for f in functions
-    ]  # fmt: skip
-    call = {"anyOf": calls, "x-guidance": JSON_STYLE}
     rules = ["%llguidance {}", "start: call" if one_call else 'start: call ("\\n" call)*']
     if answer is not None:
-        schema = json.loads(answer) if isinstance(answer, str) else answer
-        rules[1] = f"start: {rules[1].removeprefix('start: ')} | answer"
-        rules.append(f"answer: %json {json.dumps(schema)}")
-    rules.append(f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(call)} "
-                 f"{json.dumps(chr(10) + CLOSE)}")  # fmt: skip
+        rules[1] += " | answer"
+        rules.append(f"answer: %json {_styled(answer)}")
+    alternatives = " | ".join(f"function_{i}" for i in range(len(functions)))
+    rules.append(
+        f"call: {json.dumps(OPEN + chr(10))} ({alternatives}) {json.dumps(chr(10) + CLOSE)}"
+    )
+    for i, f in enumerate(functions):
+        head = f'{{"name": {json.dumps(f.name)}, "arguments": '
+        schema = NO_ARGUMENTS if f.parameters is None else f.parameters
+        rules.append(f'function_{i}: {json.dumps(head)} %json {_styled(schema)} "}}"')
     return "\n".join(rules) + "\n"
+
+
+def _styled(schema: Any) -> str:
+    """A JSON schema's text with JSON_FORMAT's layout (its own x-guidance options win)."""
+    value = json.loads(schema) if isinstance(schema, str) else schema
+    if isinstance(value, dict):
+        own = value.get("x-guidance")
+        value = {**value, "x-guidance": {**JSON_FORMAT, **(own if isinstance(own, dict) else {})}}
+    return json.dumps(value)
