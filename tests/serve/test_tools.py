@@ -337,3 +337,31 @@ def test_a_template_without_tools_is_a_400(server: Server) -> None:
     out = plain.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS,
                                         tool_choice="none", max_tokens=2)  # fmt: skip
     assert out.choices[0].message.tool_calls is None
+
+
+def test_auto_with_a_json_response_format_answers_calls_or_that_json(client: openai.OpenAI) -> None:
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}
+    for seed in range(4):
+        out = chat(client, tools=[ADD], response_format=response_format, seed=seed,
+                   temperature=1)  # fmt: skip
+        message = out.choices[0].message
+        if message.tool_calls:
+            check_calls(message, {"add"})
+        else:
+            jsonschema.validate(json.loads(message.content), answer)
+
+
+def test_each_of_n_choices_has_its_own_calls(client: openai.OpenAI) -> None:
+    fields = {"tools": TOOLS, "tool_choice": "required", "n": 3, "seed": 5, "temperature": 1}
+    whole = chat(client, **fields)
+    for choice in whole.choices:
+        check_calls(choice.message, set(SCHEMAS))
+    stream = streamed(client, **fields)  # seeded: choice i uses seed + i, streamed or not
+
+    def calls(out: Any) -> list[list[tuple[str, str]]]:
+        return [[(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
+                for ch in out.choices]  # fmt: skip
+
+    assert calls(stream) == calls(whole)
