@@ -51,6 +51,14 @@ class EngineConfig:
     """Most requests decoding at once (continuous batching)."""
     max_num_batched_tokens: int = 512
     """Most new tokens in one forward; longer prompts are prefilled in chunks of this size."""
+    long_prefill_chunk: int | None = 256
+    """A prefill with more tokens left than this is long: in a step that also serves other
+    requests it comes after their decodes and short prompts, and computes at most this many
+    tokens, fewer when measured step times say so (engine/prefill_pace.py: such a step costs at
+    most about 1.5 times one without it; on a CPU a prompt token at a long context costs about a
+    decode step, so a fixed chunk of dozens of tokens would multiply every decode step). Alone,
+    it takes the whole max_num_batched_tokens. 256 holds a chat turn, which so is never paced.
+    None = no long prompts: prefills in arrival order with the whole budget."""
     seed: int = 0
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"
@@ -96,6 +104,12 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        chunk = self.long_prefill_chunk
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool)
+                                  or chunk < 1):  # fmt: skip
+            raise ValueError(f"long_prefill_chunk must be an integer >= 1 (the most tokens a "
+                             f"long prompt prefills in a step beside other requests) or None "
+                             f"for no cap, got {chunk!r}")  # fmt: skip
         if self.max_model_len is not None and (
             not isinstance(self.max_model_len, int) or self.max_model_len < 2
         ):

@@ -12,6 +12,7 @@ import pytest
 
 from verispec import LLM, SamplingParams
 from verispec.api.outputs import RequestOutput
+from verispec.config import EngineConfig
 from verispec.engine.request import Status
 from verispec.engine.stats import PHASES, StepTimes
 
@@ -87,8 +88,13 @@ def test_greedy_outputs_are_full_length(alone: list[list[int]]) -> None:
         {"max_num_seqs": 1},
         {"max_num_seqs": 2, "max_num_batched_tokens": 5},
         {"block_size": 1},
+        {"long_prefill_chunk": 3},
+        {"long_prefill_chunk": 1, "max_num_batched_tokens": 8, "max_num_seqs": 3},
     ],
-    ids=["default", "chunked-8", "chunked-3", "one-seq", "two-seqs-chunked-5", "block-1"],
+    ids=[
+        "default", "chunked-8", "chunked-3", "one-seq", "two-seqs-chunked-5", "block-1",
+        "long-prefill-3", "long-prefill-1-chunked-8",
+    ],
 )
 def test_batch_gives_the_same_greedy_tokens_as_each_prompt_alone(
     make_llm: Callable[..., LLM], alone: list[list[int]], options: dict[str, Any]
@@ -219,3 +225,10 @@ def test_steps_that_verify_drafts_are_timed_as_their_own_kind(llama_checkpoint: 
     decoded = times.kinds["decode"][0] + stats.num_verify_steps + stats.num_accepted_tokens
     assert decoded == len(out.token_ids) - 1
     assert times.kinds["verify"][1] > 0
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "256"])
+def test_long_prefill_chunk_must_be_a_positive_integer_or_none(value: object) -> None:
+    with pytest.raises(ValueError, match=r"long_prefill_chunk must be an integer >= 1 .* or None"):
+        EngineConfig(long_prefill_chunk=value)  # type: ignore[arg-type]
+    assert EngineConfig(long_prefill_chunk=None).long_prefill_chunk is None

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec.api.sampling_params import SamplingParams
+from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import ScheduledRequest, Scheduler, step_kind
 from verispec.engine.stats import SpecStats
@@ -257,6 +258,72 @@ def test_abort_drops_waiting_and_running_requests() -> None:
     assert not scheduler.has_unfinished() and alloc.num_used == 0
 
 
+def test_a_long_prefill_never_stalls_decodes_or_short_prompts() -> None:
+    """A decoding request and a short prompt arriving after a long one are scheduled every
+    step, ahead of the long prompt, whose chunk is capped while they run; alone, it takes the
+    whole budget."""
+    alloc = BlockAllocator(128)
+    scheduler = Scheduler(max_num_seqs=8, max_num_batched_tokens=64, long_prefill_chunk=8)
+    a = make_request(alloc, prompt_len=4, max_tokens=12)
+    scheduler.add(a)
+    run_step(scheduler)  # a decodes from now on
+    long, short = make_request(alloc, prompt_len=200), make_request(alloc, 6, max_tokens=5)
+    scheduler.add(long)
+    scheduler.add(short)
+    assert shape(run_step(scheduler)) == [
+        (a.request_id, 1, True), (short.request_id, 6, True), (long.request_id, 8, False)
+    ]  # fmt: skip
+    while not a.finished:
+        step = shape(run_step(scheduler))
+        if not short.finished:
+            assert step[:2] == [(a.request_id, 1, True), (short.request_id, 1, True)]
+        assert step[0] == (a.request_id, 1, True) and step[-1] == (long.request_id, 8, False)
+    assert short.finished and long.num_computed_tokens == 8 * 11  # a decoded 11 tokens
+    assert [len(c.token_ids) for c in run_step(scheduler)] == [64]  # alone: the whole budget
+
+
+def test_a_waiting_long_prompt_keeps_its_seat() -> None:
+    """Seats go in arrival order: a short prompt behind a long one gets no seat the long one
+    is owed, and the long one is admitted with a capped chunk beside the decode."""
+    alloc = BlockAllocator(128)
+    scheduler = Scheduler(max_num_seqs=2, max_num_batched_tokens=64, long_prefill_chunk=8)
+    a = make_request(alloc, prompt_len=4, max_tokens=12)
+    scheduler.add(a)
+    run_step(scheduler)
+    long, short = make_request(alloc, prompt_len=100), make_request(alloc, prompt_len=6)
+    scheduler.add(long)
+    scheduler.add(short)
+    assert shape(run_step(scheduler)) == [(a.request_id, 1, True), (long.request_id, 8, False)]
+    assert list(scheduler.waiting) == [short] and scheduler.running == [a, long]
+
+
+def test_the_pace_grants_long_prefill_tokens_beside_other_work() -> None:
+    """With a pace, long prefills beside other work take what it grants (0: none this step,
+    and the decode runs alone); the plan says how many they took, for the pace to measure."""
+
+    class Grants(PrefillPace):
+        def grant(self, cap: int) -> int:
+            return min(cap, grants.pop(0))
+
+    grants = [0, 3, 100]
+    alloc = BlockAllocator(128)
+    scheduler = Scheduler(8, 64, long_prefill_chunk=8, pace=Grants())
+    a = make_request(alloc, prompt_len=4, max_tokens=12)
+    scheduler.add(a)
+    plan = scheduler.schedule()
+    assert plan.paced is None  # no long prefill: nothing to pace
+    long = make_request(alloc, prompt_len=100)
+    scheduler.add(long)
+    for expected in ([], [(long.request_id, 3, False)], [(long.request_id, 8, False)]):
+        scheduler.update(plan, Verdict(token_ids=[[5]] * len(plan.sampling),
+                                       num_accepted=[0] * len(plan.sampling)),
+                         decode, SpecStats())  # fmt: skip
+        plan = scheduler.schedule()
+        assert shape([Chunk(s.request, s.start, s.token_ids, s.samples)
+                      for s in plan.scheduled]) == [(a.request_id, 1, True), *expected]  # fmt: skip
+        assert plan.paced == sum(n for _, n, _ in expected)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     prompt_lens=st.lists(st.integers(1, 30), min_size=1, max_size=6),
@@ -265,6 +332,7 @@ def test_abort_drops_waiting_and_running_requests() -> None:
     max_num_seqs=st.integers(1, 5),
     block_size=st.integers(1, 8),
     spare_blocks=st.integers(0, 12),
+    chunk=st.none() | st.integers(1, 40),
 )
 def test_any_workload_finishes_with_the_same_tokens(
     prompt_lens: list[int],
@@ -273,13 +341,17 @@ def test_any_workload_finishes_with_the_same_tokens(
     max_num_seqs: int,
     block_size: int,
     spare_blocks: int,
+    chunk: int | None,
 ) -> None:
-    """Whatever the budget, seat count and cache size (at least one full sequence), every
-    request ends with exactly the tokens it gets alone, within the limits, leaking no block."""
+    """Whatever the budget, long-prefill chunk, seat count and cache size (at least one full
+    sequence), every request ends with exactly the tokens it gets alone, within the limits,
+    leaking no block."""
 
-    def run(num_blocks: int, seqs: int, tokens_per_step: int) -> list[list[int]]:
+    def run(
+        num_blocks: int, seqs: int, tokens_per_step: int, chunk: int | None = None
+    ) -> list[list[int]]:
         alloc = BlockAllocator(num_blocks)
-        scheduler = Scheduler(seqs, tokens_per_step)
+        scheduler = Scheduler(seqs, tokens_per_step, long_prefill_chunk=chunk)
         requests = [make_request(alloc, n, max_tokens, block_size) for n in prompt_lens]
         for r in requests:
             scheduler.add(r)
@@ -300,7 +372,7 @@ def test_any_workload_finishes_with_the_same_tokens(
     longest = max(prompt_lens) + max_tokens
     one_seq = math.ceil(longest / block_size)
     reference = run(num_blocks=len(prompt_lens) * one_seq, seqs=8, tokens_per_step=1024)
-    assert run(one_seq + spare_blocks, max_num_seqs, budget) == reference
+    assert run(one_seq + spare_blocks, max_num_seqs, budget, chunk) == reference
 
 
 def test_step_kind_names_plain_decode_and_verify_steps() -> None:

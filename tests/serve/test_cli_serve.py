@@ -69,6 +69,7 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         (["--speculative-config", '{"method": "ngram"}', "--k", "3"], "replaces --k"),
         (["--speculative-config", '{"nope": 1}'], "unknown key"),
         (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
+        (["--long-prefill-chunk", "0"], "--long-prefill-chunk must be >= 1"),
         (["--served-model-name", " "], "--served-model-name must not be empty"),
     ],
 )

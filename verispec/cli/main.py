@@ -73,6 +73,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        "model's name)")  # fmt: skip
     serve.add_argument("--max-num-seqs", type=int, default=None,
                        help="most requests decoded at once (the engine's default: 8)")
+    serve.add_argument("--long-prefill-chunk", type=int, default=None, metavar="N",
+                       help="a prompt with more than N tokens left prefills after other "
+                       "requests' decodes and short prompts, at most N tokens a step beside "
+                       "them, paced by measured step times (256)")  # fmt: skip
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=True,
                        help="reuse the KV of prompt prefixes earlier requests computed (exact; "
@@ -292,6 +296,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
+    if args.long_prefill_chunk is not None and args.long_prefill_chunk < 1:
+        raise ValueError(f"--long-prefill-chunk must be >= 1, got {args.long_prefill_chunk}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name must not be empty")
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")

@@ -243,6 +243,8 @@ def load_llm(args: argparse.Namespace) -> LLM:
     engine_options: dict[str, Any] = {}
     if getattr(args, "max_num_seqs", None) is not None:
         engine_options["max_num_seqs"] = args.max_num_seqs
+    if getattr(args, "long_prefill_chunk", None) is not None:
+        engine_options["long_prefill_chunk"] = args.long_prefill_chunk
     if getattr(args, "enable_prefix_caching", None) is not None:
         engine_options["enable_prefix_caching"] = args.enable_prefix_caching
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
+from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
@@ -77,7 +78,8 @@ class Engine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
-            drafter_prefix,
+            drafter_prefix, config.long_prefill_chunk,
+            None if config.long_prefill_chunk is None else PrefillPace(),
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
@@ -234,6 +236,9 @@ class Engine:
         self._release(finished)
         clock.lap("update")
         clock.steps += 1
+        pace = self.scheduler.pace
+        if pace is not None and plan.paced is not None:
+            pace.observe(plan.paced, time.perf_counter() - started)
         if self.spec_policy is not None:
             self._observe_step(self.spec_policy, plan, verdict,
                                time.perf_counter() - started, draft_s)  # fmt: skip

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from verispec.api.outputs import TokenLogprobs
+from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status, decodes
 from verispec.engine.stats import SpecStats
 from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
@@ -62,6 +63,9 @@ class Schedule:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
     """Requests whose KV was freed this step (their drafter state must go too)."""
+    paced: int | None = None
+    """Tokens of long prefills in a step that also serves others (PrefillPace measures such
+    steps); None when no long prefill waited beside other work."""
     sampling: list[ScheduledRequest] = field(init=False)
     """The scheduled requests that receive tokens this step (rows of the verdict), fixed when
     the plan is made: once tokens are appended a chunk no longer reaches the end."""
@@ -71,9 +75,12 @@ class Schedule:
 
 
 class Scheduler:
-    """Continuous batching with chunked prefill: running requests first, then admit waiting ones
-    while the token budget, max_num_seqs and free KV blocks allow. When the cache runs out,
-    the newest running request is preempted (its blocks freed, recomputed later), never dropped."""
+    """Continuous batching with chunked prefill. Each step's token budget goes first to running
+    decodes (with their draft slots) and short prefills, then to waiting short prompts, and only
+    then to long prefills (more than long_prefill_chunk tokens left), a chunk of at most
+    long_prefill_chunk each when the step carries other work; waiting requests keep their order
+    for seats (max_num_seqs). When the cache runs out, the newest running request is preempted
+    (its blocks freed, recomputed later), never dropped."""
 
     def __init__(
         self,
@@ -83,9 +90,18 @@ class Scheduler:
         prefix_cache: PrefixCache | None = None,
         policy: AdaptiveSpeculation | None = None,
         drafter_prefix: DrafterPrefix | None = None,
+        long_prefill_chunk: int | None = None,
+        pace: PrefillPace | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_chunk = long_prefill_chunk
+        """A prefill with more tokens left than this is long: it goes after every other request
+        of the step and then gets at most this many tokens while others run
+        (EngineConfig.long_prefill_chunk); None = none is long (arrival order, whole budget)."""
+        self.pace = pace
+        """When set, it grants the tokens long prefills take beside other work from measured
+        step times (the engine reports them), up to long_prefill_chunk; else that chunk."""
         self.num_speculative_tokens = num_speculative_tokens
         self.prefix_cache = prefix_cache
         """When set, a request starting from scratch reuses the cached KV of its prompt's
@@ -107,29 +123,78 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Schedule:
-        """Pick this step's work; every scheduled request has its KV slots reserved."""
-        budget = self.max_num_batched_tokens
+        """Pick this step's work; every scheduled request has its KV slots reserved. Order:
+        running decodes and short prefills, waiting short prompts, then long prefills (running,
+        then waiting), within what the pace grants when anything came before them."""
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        self._plan_drafts(budget)
-        for request in list(self.running):
-            if budget == 0 or request not in self.running:  # preempted meanwhile
-                continue
-            item = self._reserve(request, budget, scheduled, preempted)
-            if item is not None:
-                scheduled.append(item)
-                budget -= len(item.slots)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
-            item = self._try_reserve(request, budget)
-            if item is None:
+        self._plan_drafts(self.max_num_batched_tokens)
+        long_running = [r for r in self.running if self._is_long(r)]
+        for request in [r for r in self.running if r not in long_running]:
+            self._schedule_running(request, scheduled, preempted, self._left(scheduled))
+        seats = self.max_num_seqs - len(self.running)
+        long_waiting, admitting = [], True
+        for request in list(self.waiting)[: max(seats, 0)]:
+            if self._is_long(request):
+                long_waiting.append(request)  # its seat is kept; its chunk comes last
+            elif self._admit(request, scheduled, self._left(scheduled)) is None:
+                admitting = False  # first come, first served: none jumps a blocked request
                 break
-            self.waiting.popleft()
+        longs = long_running + (long_waiting if admitting else [])
+        grant = self._grant() if scheduled and longs else None
+        paced = 0
+        for request in longs:
+            left = self._left(scheduled, None if grant is None else grant - paced)
+            if request in long_running:
+                item = self._schedule_running(request, scheduled, preempted, left)
+            elif (item := self._admit(request, scheduled, left)) is None:
+                break
+            paced += len(item.token_ids) if item is not None else 0
+        return Schedule(scheduled, preempted, paced if grant is not None else None)
+
+    def _grant(self) -> int:
+        """Tokens long prefills may take beside other work this step (long_prefill_chunk)."""
+        chunk = self.long_prefill_chunk or self.max_num_batched_tokens
+        return chunk if self.pace is None else self.pace.grant(chunk)
+
+    def _is_long(self, request: Request) -> bool:
+        """Whether the request has more than long_prefill_chunk tokens left to compute."""
+        chunk = self.long_prefill_chunk
+        return chunk is not None and request.num_tokens - request.num_computed_tokens > chunk
+
+    def _left(self, scheduled: list[ScheduledRequest], cap: int | None = None) -> int:
+        """Tokens the step may still take (at most cap): the budget less every reserved slot."""
+        left = self.max_num_batched_tokens - sum(len(s.slots) for s in scheduled)
+        return left if cap is None else min(left, cap)
+
+    def _schedule_running(
+        self,
+        request: Request,
+        scheduled: list[ScheduledRequest],
+        preempted: list[Request],
+        budget: int,
+    ) -> ScheduledRequest | None:
+        """Schedule a running request's next chunk within budget (preempting others if its KV
+        does not fit); None when the budget is spent or it was preempted."""
+        if budget <= 0 or request not in self.running:
+            return None
+        item = self._reserve(request, budget, scheduled, preempted)
+        if item is not None:
+            scheduled.append(item)
+        return item
+
+    def _admit(
+        self, request: Request, scheduled: list[ScheduledRequest], budget: int
+    ) -> ScheduledRequest | None:
+        """Move a waiting request to running with its first chunk; None (it stays waiting)
+        when the budget is spent or its KV does not fit."""
+        item = self._try_reserve(request, budget) if budget > 0 else None
+        if item is not None:
+            self.waiting.remove(request)
             request.status = Status.RUNNING
             self.running.append(request)
             scheduled.append(item)
-            budget -= len(item.slots)
-        return Schedule(scheduled, preempted)
+        return item
 
     def update(
         self,
