@@ -1,6 +1,7 @@
 """Fixtures of the server's tests: a tiny chat model with a perturbed copy as its draft, served
 on a free local port by a real uvicorn in a thread; an in-process LLM of the same target as the
-reference the answers are compared with."""
+reference the answers are compared with; the same kind of pair whose chat template takes tools
+(Qwen2.5's format), with a longer context for the tools' text."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.chat import with_chat_template
+from tests.helpers.chat import with_chat_template, with_tools_template
 from tests.helpers.checkpoints import make_checkpoint, make_perturbed_copy
 from tests.helpers.serving import speculative_llm
 from verispec import LLM
 from verispec.serve import Server
 
 DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (helpers/checkpoints.py SPEC_PAIRS)
+TOOLS_CONTEXT = 2048  # the tools' JSON in the system turn is a few hundred tokens of this BPE
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +45,23 @@ def server(chat_pair: tuple[Path, Path]) -> Iterator[Server]:
         yield s
 
 
+
+
+@pytest.fixture(scope="session")
+def tools_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
+    """(target dir, draft dir) as chat_pair's, with TOOLS_TEMPLATE and a 2048-token context."""
+    tools_tokenizer = with_tools_template(tokenizer)
+    target = tmp_path_factory.mktemp("tools-target")
+    draft = tmp_path_factory.mktemp("tools-draft")
+    model = make_checkpoint(target, "llama", tools_tokenizer, layer_scale=8.0,
+                            max_position_embeddings=TOOLS_CONTEXT)  # fmt: skip
+    make_perturbed_copy(draft, model, tools_tokenizer, DRAFT_NOISE)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def tools_server(tools_pair: tuple[Path, Path]) -> Iterator[Server]:
+    """The tools pair's speculative target served as "tiny-tools", no API key."""
+    llm = speculative_llm(tools_pair)
+    with Server(llm.engine, port=0, model_name="tiny-tools") as s:
+        yield s

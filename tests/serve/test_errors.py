@@ -64,6 +64,10 @@ BAD_COMPLETIONS = [
     (completion(prompt=[10**9]), "prompt"),
     (completion(prompt=[1.5]), "prompt"),
     (completion(prompt="x " * 400), "prompt"),  # longer than the 256-token context
+    (completion(guided_regex="a(b"), "guided_regex"),
+    (completion(guided_json="{"), "guided_json"),
+    (completion(guided_grammar="start: nothing_here"), "guided_grammar"),
+    (completion(tools=[]), "tools"),  # chat only
 ]
 
 
@@ -90,8 +94,28 @@ BAD_CHATS = [
     (chat(max_tokens=2, max_completion_tokens=2), "max_completion_tokens"),
     (chat(max_completion_tokens=0), "max_completion_tokens"),
     (chat(chat_template_kwargs={"tokenize": True}), "messages"),
-    (chat(tools=[{"type": "function"}]), "tools"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(tools=[{"type": "function"}]), "tools.0.function"),
+    (chat(tools=[{"type": "function", "function": {"name": "has space"}}]),
+     "tools.0.function.name"),
+    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),  # no tools in
+    (chat(tool_choice="sometimes"), "tool_choice"),  # the template; a bad tool_choice
+    (chat(tool_choice="required"), "tool_choice"),  # no tools to call
+    (chat(parallel_tool_calls="yes"), "parallel_tool_calls"),
+    (chat(response_format={"type": "xml"}), "response_format"),
+    (chat(response_format={"type": "json_schema"}), "response_format.json_schema.json_schema"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+     "response_format.json_schema.json_schema.name"),
+    (chat(response_format={"type": "json_schema",
+                           "json_schema": {"name": "x", "schema": {"type": "nope"}}}),
+     "response_format"),
+    (chat(response_format={"type": "json_object"}, guided_regex="a"), "guided_regex"),
+    (chat(guided_choice=[]), "guided_choice"),
+    (chat(structured_outputs={"regex": "a(", "json": {}}), "structured_outputs"),
+    (chat(messages=[{"role": "assistant", "content": None}]), "messages.0.content"),
+    (chat(messages=[{"role": "user", "content": "hi", "tool_calls": []}]), "messages.0"),
+    (chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]),
+     "messages.0.tool_calls.0.function.arguments"),
     (chat(messages=[{"role": "user", "content": "x " * 400}]), "messages"),
 ]
 

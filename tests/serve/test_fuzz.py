@@ -1,7 +1,8 @@
 """Schema fuzzing with schemathesis: requests generated from the server's own OpenAPI description,
 valid ones and invalid ones (wrong types, missing fields, out-of-range values), never get a 5xx,
-and every error is in OpenAI's schema. Bounded: a few dozen examples per route and mode
-(VERISPEC_SOAK=1: hundreds)."""
+and every error is in OpenAI's schema; chat also against a model whose template takes tools, so
+generated tools, tool_choice, tool messages and response formats reach the grammar and the
+engine. Bounded: a few dozen examples per route and mode (VERISPEC_SOAK=1: hundreds)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def server(chat_pair):
         yield s
 
 
+@pytest.fixture(scope="module")
+def tools_server(tools_pair):
+    llm = speculative_llm(tools_pair, max_model_len=512)
+    with Server(llm.engine, port=0, model_name="tiny-tools") as s:
+        yield s
+
+
 CASES = [(path, method, mode) for path, method in ROUTES for mode in GenerationMode
          if method == "POST" or mode is GenerationMode.POSITIVE]  # a GET has nothing to break
 
@@ -36,7 +44,22 @@ CASES = [(path, method, mode) for path, method in ROUTES for mode in GenerationM
 @pytest.mark.parametrize(("path", "method", "mode"), CASES,
                          ids=[f"{m} {p} {g.value}" for p, m, g in CASES])  # fmt: skip
 def test_no_5xx_and_every_error_in_openai_schema(server, path, method, mode) -> None:
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    statuses = fuzz(server.url, path, method, mode)
+    if mode is GenerationMode.NEGATIVE:
+        assert any(400 <= s < 500 for s in statuses)  # invalid bodies were sent and refused
+    elif method == "POST":
+        assert 200 in statuses  # some generated requests were valid and answered
+
+
+@pytest.mark.parametrize("mode", list(GenerationMode), ids=lambda g: g.value)
+def test_no_5xx_from_chats_with_tools_and_response_formats(tools_server, mode) -> None:
+    statuses = fuzz(tools_server.url, "/v1/chat/completions", "POST", mode)
+    assert any(400 <= s < 500 for s in statuses)
+
+
+def fuzz(url: str, path: str, method: str, mode: GenerationMode) -> list[int]:
+    """The statuses of schemathesis' requests to one route, after checking each response."""
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operation = schema[path][method]
     statuses: list[int] = []
 
@@ -44,7 +67,7 @@ def test_no_5xx_and_every_error_in_openai_schema(server, path, method, mode) -> 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
               database=None)  # fmt: skip
     def check(case) -> None:
-        response = case.call(base_url=server.url, timeout=60)
+        response = case.call(base_url=url, timeout=60)
         statuses.append(response.status_code)
         assert response.status_code < 500, (case.body, response.text)
         if response.status_code >= 400:
@@ -55,7 +78,4 @@ def test_no_5xx_and_every_error_in_openai_schema(server, path, method, mode) -> 
 
     check()
     assert statuses
-    if mode is GenerationMode.NEGATIVE:
-        assert any(400 <= s < 500 for s in statuses)  # invalid bodies were sent and refused
-    elif method == "POST":
-        assert 200 in statuses  # some generated requests were valid and answered
+    return statuses

@@ -38,6 +38,8 @@ from verispec.serve.protocol import (
     ModelCard,
     ModelList,
 )
+from verispec.serve.structured import requested_constraint
+from verispec.serve.tools import OutputPlan, plan_output
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""
@@ -121,8 +123,9 @@ def create_app(
             raise APIError(400, f"best_of must equal n ({body.n}): choices are not re-ranked",
                            "best_of")  # fmt: skip
         prompts = await asyncio.to_thread(_completion_prompts, state, body)
+        plan = OutputPlan(await asyncio.to_thread(requested_constraint, body))
         return await _generate(state, body, raw, prompts, body.max_tokens, "max_tokens",
-                               body.logprobs, chat=False)  # fmt: skip
+                               body.logprobs, chat=False, plan=plan)  # fmt: skip
 
     @app.post("/v1/chat/completions", dependencies=guarded, response_model=None)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response | BaseModel:
@@ -138,14 +141,14 @@ def create_app(
         except ValueError:
             raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
                            "prompt to /v1/completions", "messages") from None  # fmt: skip
-        text, ids = await asyncio.to_thread(_chat_prompt, state, body)
+        text, ids, plan = await asyncio.to_thread(_chat_prompt, state, body)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         if body.max_completion_tokens is not None:
             max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
         else:
             max_tokens, field = body.max_tokens, "max_tokens"
         return await _generate(state, body, raw, [(ids, text)], max_tokens, field, num_top,
-                               chat=True)  # fmt: skip
+                               chat=True, plan=plan)  # fmt: skip
 
     return app
 
@@ -262,15 +265,22 @@ class _ContextTokenizer:
         return _encode(self._state, text, "messages", add_special_tokens)
 
 
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """(text, token ids) of a chat request's messages, its text checked first (a worker thread
-    runs this: templating and tokenizing a large body take long)."""
+def _chat_prompt(
+    state: ServerState, body: ChatCompletionRequest
+) -> tuple[str, list[int], OutputPlan]:
+    """(text, token ids) of a chat request's messages with its tools rendered, and what its
+    output must match and is parsed for; its text checked first (a worker thread runs this:
+    templating, tokenizing and compiling a constraint take long)."""
     _check_text(body)
+    plan = plan_output(body, state.tokenizer.hf, state.model_name, requested_constraint(body))
+    kwargs = {**(body.chat_template_kwargs or {}),
+              **({"tools": plan.template_tools} if plan.template_tools else {})}  # fmt: skip
     try:
-        return chat_prompt(_ContextTokenizer(state), [m.as_dict() for m in body.messages],
-                           state.model_name, body.chat_template_kwargs)  # fmt: skip
+        text, ids = chat_prompt(_ContextTokenizer(state), [m.as_dict() for m in body.messages],
+                                state.model_name, kwargs)  # fmt: skip
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
+    return text, ids, plan
 
 
 def _completion_prompts(
@@ -305,10 +315,12 @@ async def _generate(
     max_tokens_field: str,
     num_logprobs: int | None,
     chat: bool,
+    plan: OutputPlan,
 ) -> Response | BaseModel:
     """Submit every prompt's n choices, then stream them or answer once all are done."""
     params = [
-        _choice_params(state, body, len(ids), max_tokens, max_tokens_field, num_logprobs, j)
+        plan.apply(_choice_params(state, body, len(ids), max_tokens, max_tokens_field,
+                                  num_logprobs, j))
         for ids, _ in prompts
         for j in range(body.n)
     ]
@@ -318,7 +330,7 @@ async def _generate(
     except ValueError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt") from None
     reply = Reply(state.model_name, state.tokenizer, chat, [ids for ids, _ in choices], params,
-                  body.n, body.return_token_ids)  # fmt: skip
+                  body.n, body.return_token_ids, plan.parse_tools)  # fmt: skip
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(_sse(state, group, reply, usage),

@@ -1,5 +1,6 @@
 """OpenAI's response bodies for completions and chat completions, whole or as Server-Sent
-Events chunks, with verispec's speculation statistics beside the usage."""
+Events chunks, with verispec's speculation statistics beside the usage; a chat answer's tool
+calls parsed out of its text when the request has tools (serve/tool_calls.py)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,16 @@ from verispec.serve.protocol import (
     CompletionLogprobs,
     CompletionResponse,
     Delta,
+    DeltaFunction,
+    DeltaToolCall,
     StepSpeculation,
     TokenLogprob,
+    ToolCall,
+    ToolCallFunction,
     TopLogprob,
     Usage,
 )
+from verispec.serve.tool_calls import ParsedCall, ToolCallParser, parse_tool_calls
 
 SSE_DONE = "data: [DONE]\n\n"
 """The event that ends a stream."""
@@ -50,11 +56,14 @@ class Reply:
         params: list[SamplingParams],
         n: int,
         return_token_ids: bool,
+        parse_tools: bool = False,
     ) -> None:
         self.model_name, self.tokenizer = model_name, tokenizer
         self.chat, self.params, self.n = chat, params, n
         self.prompts = prompts
         self.return_token_ids = return_token_ids
+        self.parse_tools = parse_tools
+        self._parsers = [ToolCallParser() for _ in params] if parse_tools else []
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self._offsets = [0] * len(params)  # completions' text_offset so far, per choice
@@ -73,8 +82,8 @@ class Reply:
         model = self.model_name
         if self.chat:
             choices = [
-                ChatChoice(index=i, message=AssistantMessage(content=o.text),
-                           logprobs=self._chat_logprobs(o.logprobs), finish_reason=o.finish_reason,
+                ChatChoice(index=i, message=self._message(o.text), logprobs=self._chat_logprobs(
+                           o.logprobs), finish_reason=self._finish(o.finish_reason, o.text),
                            **self._ids(i, o.token_ids))
                 for i, o in enumerate(outputs)
             ]  # fmt: skip
@@ -98,8 +107,19 @@ class Reply:
         )  # fmt: skip
         ids = self._ids(index, delta.token_ids)
         if self.chat:
-            return self.chat_chunk(index, Delta(content=delta.text), delta.finish_reason,
-                                   self._chat_logprobs(delta.logprobs), spec, ids)  # fmt: skip
+            message, reason = Delta(content=delta.text), delta.finish_reason
+            if self.parse_tools:
+                parser = self._parsers[index]
+                parsed = parser.feed(delta.text, final=reason is not None)
+                first = parser.num_calls - len(parsed.calls)
+                calls = [DeltaToolCall(index=first + j, id=_call_id(), type="function",
+                                       function=DeltaFunction(name=c.name, arguments=c.arguments))
+                         for j, c in enumerate(parsed.calls)]  # fmt: skip
+                message = Delta(content=parsed.content or (None if calls else ""),
+                                tool_calls=calls or None)  # fmt: skip
+                reason = "tool_calls" if reason == "stop" and parser.num_calls else reason
+            return self.chat_chunk(index, message, reason, self._chat_logprobs(delta.logprobs),
+                                   spec, ids)  # fmt: skip
         choice = CompletionChoice(
             index=index, text=delta.text, finish_reason=delta.finish_reason, speculation=spec,
             logprobs=self._completion_logprobs(index, delta.logprobs), **ids,
@@ -120,6 +140,22 @@ class Reply:
                                  logprobs=logprobs, speculation=spec, **(ids or {}))  # fmt: skip
         return ChatCompletionChunk(id=self.id, created=self.created,
                                    model=self.model_name, choices=[choice])  # fmt: skip
+
+    def _message(self, text: str) -> AssistantMessage:
+        """A whole answer as the assistant's message: its tool calls parsed out, if asked."""
+        if not self.parse_tools:
+            return AssistantMessage(content=text)
+        parsed = parse_tool_calls(text)
+        if not parsed.calls:
+            return AssistantMessage(content=parsed.content)
+        return AssistantMessage(content=parsed.content or None,
+                                tool_calls=[_tool_call(c) for c in parsed.calls])  # fmt: skip
+
+    def _finish(self, reason: Any, text: str) -> Any:
+        """tool_calls for an answer that stopped after calling tools, else the engine's reason."""
+        if self.parse_tools and reason == "stop" and parse_tool_calls(text).calls:
+            return "tool_calls"
+        return reason
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> BaseModel:
         usage, spec = self._usage(outputs), _speculation(outputs)
@@ -178,6 +214,15 @@ class Reply:
             top_logprobs=[self._top_dict(t.top) for t in logprobs],
             text_offset=offsets,
         )  # fmt: skip
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _tool_call(call: ParsedCall) -> ToolCall:
+    return ToolCall(id=_call_id(), function=ToolCallFunction(name=call.name,
+                                                             arguments=call.arguments))
 
 
 def _speculation(outputs: list[RequestOutput]) -> dict[str, Any]:

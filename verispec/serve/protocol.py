@@ -9,9 +9,17 @@ each streamed choice carries the step's `speculation` (tokens, accepted drafts, 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from verispec.api.sampling_params import SamplingParams
 
@@ -28,6 +36,51 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     """Send one more chunk before [DONE] with `usage` (and `speculation`) and no choices."""
+
+
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+"""What a function's or a JSON schema's name may be (OpenAI's rule)."""
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format's json_schema: the schema the answer follows."""
+
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    """The JSON schema; none means any JSON value."""
+    strict: bool | None = None
+    """Accepted; the schema is always enforced."""
+
+
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(_Strict):
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's `structured_outputs` request field: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    """llguidance's Lark syntax."""
 
 
 class _GenerationRequest(_Strict):
@@ -59,6 +112,15 @@ class _GenerationRequest(_Strict):
     speculative: bool = True
     """verispec's extension: false decodes this request without drafts (0 every step, plain
     decoding of the same engine), the reference `verispec verify --server` compares with."""
+    response_format: ResponseFormat | None = None
+    """text (no constraint), json_object or json_schema (serve/structured.py)."""
+    guided_json: dict[str, Any] | str | None = None
+    """vLLM's extras: the answer follows a JSON schema, a regex, one of the strings, a grammar."""
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    """vLLM's newer form of the guided_* fields."""
 
     def sampling_params(
         self, max_tokens: int, logprobs: int | None, seed: int | None
@@ -100,18 +162,117 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+    """The arguments as JSON text (OpenAI's form)."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_text(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"arguments must be JSON text ({e})") from None
+        return value
+
+
+class MessageToolCall(_Strict):
+    """A tool call of an earlier assistant message, sent back with the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+_GIVEN = {"type": ["string", "array"]}
+_MESSAGE_SHAPES = {
+    "anyOf": [
+        {"properties": {"role": {"enum": ["system", "user", "developer"]}, "content": _GIVEN},
+         "required": ["content"],
+         "not": {"anyOf": [{"required": ["tool_calls"]}, {"required": ["tool_call_id"]}]}},
+        {"properties": {"role": {"const": "tool"}, "content": _GIVEN}, "required": ["content"],
+         "not": {"required": ["tool_calls"]}},
+        {"properties": {"role": {"const": "assistant"}, "content": _GIVEN},
+         "required": ["content"], "not": {"required": ["tool_call_id"]}},
+        {"properties": {"role": {"const": "assistant"}, "tool_calls": {"minItems": 1}},
+         "required": ["tool_calls"], "not": {"required": ["tool_call_id"]}},
+    ]
+}  # fmt: skip
+"""What the validators of ChatMessage check, said in its JSON schema (GET /openapi.json)."""
+
+
 class ChatMessage(_Strict):
+    model_config = ConfigDict(json_schema_extra=_MESSAGE_SHAPES)
+
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
-    """Text, or a list of text parts (joined); images and audio are not supported."""
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    """An assistant message's tool calls."""
+    tool_call_id: str | None = None
+    """A tool message's call."""
+    content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
+    """Text, or a list of text parts (joined); images and audio are not supported. Null or
+    absent only in an assistant message with tool_calls."""
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not info.data.get("tool_calls"):
+            raise ValueError("content is required (null only in an assistant message with "
+                             "tool_calls)")  # fmt: skip
+        return value
+
+    @model_validator(mode="after")
+    def _fields_of_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls belong to assistant messages, not {self.role}")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f"tool_call_id belongs to tool messages, not {self.role}")
+        return self
 
     def as_dict(self) -> dict[str, Any]:
-        """The message as the chat template reads it (developer is system, as OpenAI maps)."""
-        content = self.content
+        """The message as the chat template reads it (developer is system, as OpenAI maps; a
+        tool call's arguments decoded, as templates write them with tojson)."""
+        content = self.content or ""
         text = content if isinstance(content, str) else "".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": text, **({"name": self.name} if self.name else {})}
+        out: dict[str, Any] = {"role": role, "content": text}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name,
+                              "arguments": json.loads(c.function.arguments)}}
+                for c in self.tool_calls
+            ]  # fmt: skip
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema; none means no arguments."""
+    strict: bool | None = None
+    """Accepted; a required or named call always follows the schema."""
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -127,6 +288,12 @@ class ChatCompletionRequest(_GenerationRequest):
     """Alternatives per token (needs logprobs: true)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra variables for the model's chat template."""
+    tools: list[Tool] | None = None
+    """Functions the model may call, rendered by its chat template (serve/tools.py)."""
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """Default auto with tools, none without."""
+    parallel_tool_calls: bool | None = None
+    """false: at most one call per answer."""
 
 
 # Responses: the shapes of OpenAI's API (fields OpenAI sends as null are kept).
@@ -202,16 +369,30 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+    """JSON text."""
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    """The text outside tool calls; null when there is none beside them."""
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_TokenIds):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -224,16 +405,31 @@ class ChatCompletionResponse(BaseModel):
     speculation: dict[str, Any] | None = None
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed tool call: sent whole, in one chunk, once its block has closed."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction | None = None
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(_TokenIds):
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     speculation: StepSpeculation | None = None
 
 
