@@ -374,13 +374,14 @@ def assert_consistent(spec: SpecStats, d: dict, k: int) -> None:
 @LLAMA
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 @pytest.mark.parametrize(
-    "params", [GREEDY, SamplingParams(temperature=0.05, max_tokens=24, ignore_eos=True, seed=1)],
+    "params", [GREEDY, SamplingParams(temperature=0.05, max_tokens=24, ignore_eos=True, seed=3)],
     ids=["greedy", "sampled"],
 )  # fmt: skip
 def test_stats_are_consistent(spec_pair, method: str, params: SamplingParams) -> None:
     """Per-request counters agree with their derived rates and sum to the engine's. (The tiny
     target's logits are flat: at temperature >= 0.5 nearly every draft is accepted, so the
-    sampled case runs cold enough for rejections.)"""
+    sampled case runs cold enough for rejections; with seed 3 prompt lookup also has some of
+    its few drafts accepted.)"""
     target, draft = spec_pair
     llm = LLM(model=str(target), speculative=spec_for(method, draft))
     prompts = [*random_prompts(4, seed=14), CORPUS[3], [0, 5, 6, 5, 6, 5, 6]]
