@@ -246,9 +246,7 @@ def test_k1_emits_p_and_accepts_with_sum_of_min(q: list[float] | None) -> None:
     logits = torch.stack([P.log(), P_BONUS.log()]).repeat(DRAWS, 1)  # [2 * DRAWS, vocab]
     t = tensors([dict(temperature=1.0)] * (2 * DRAWS), len(P))
     draft_probs = None if q is None else q_probs.expand(DRAWS, -1)
-    v = verify(
-        logits, [[d] for d in drafts.tolist()], draft_probs, t, [None] * DRAWS, generator=g
-    )
+    v = verify(logits, [[d] for d in drafts.tolist()], draft_probs, t, [None] * DRAWS, generator=g)
 
     first = torch.tensor([ids[0] for ids in v.token_ids])
     empirical = torch.bincount(first, minlength=len(P)).double() / DRAWS

@@ -34,8 +34,9 @@ def _exponential_noise(
     a full row costs a tenth of a small model's decode step.
     """
     keyed = [i for i, key in enumerate(keys) if key is not None]
-    words = torch.tensor([key.words() for key in keys if key is not None], dtype=torch.int64,
-                         device=probs.device).reshape(-1, 2)  # [m, 2]: (a, b) per keyed row
+    words = torch.tensor(
+        [key.words() for key in keys if key is not None], dtype=torch.int64, device=probs.device
+    ).reshape(-1, 2)  # [m, 2]: (a, b) per keyed row
     if probs.device.type == "cpu":
         noise = torch.ones_like(probs, dtype=torch.float32)  # [n, vocab]
         for i, key in enumerate(keys):
