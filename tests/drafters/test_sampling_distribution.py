@@ -37,7 +37,6 @@ with VERISPEC_FULL=1.
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import os
 from collections import Counter
@@ -50,6 +49,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from tests.helpers.audit import keep_every_draft
 from tests.helpers.checkpoints import family_config
 from tests.helpers.distribution import (
     ALPHA,
@@ -71,7 +71,6 @@ from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
-from verispec.sample.rejection import Verdict
 from verispec.tokenizer import Tokenizer
 from verispec.train.distill import (
     extract_features,
@@ -362,19 +361,10 @@ def _accept_all(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int64, device=ok.device)
 
 
-def _keep_all(drafts: list[list[int]], target: list[int]) -> Verdict:
-    """Broken (coupled): every draft is kept, then the row after them gives the last token."""
-    rows = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
-    return Verdict(
-        token_ids=[[*d, target[row + len(d)]] for d, row in zip(drafts, rows, strict=False)],
-        num_accepted=[len(d) for d in drafts],
-    )
-
-
 BROKEN: dict[str, tuple[str, Callable[..., Any]]] = {
     "no-residual": ("_final_distribution", _no_residual),
     "accept-all": ("_accepted_prefix", _accept_all),
-    "coupled-keep-all": ("_keep_matching", _keep_all),
+    "coupled-keep-all": ("_keep_matching", keep_every_draft),
 }
 
 
