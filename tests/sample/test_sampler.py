@@ -64,7 +64,7 @@ def test_cpu_noise_is_drawn_for_the_support_only() -> None:
     1 elsewhere: a generator's row draws them in id order, a keyed row evaluates its counter
     noise there (a token with p = 0 cannot win whatever its noise)."""
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.25, 0.25, 0.25, 0.25], [0.5, 0.0, 0.5, 0.0]])
-    noise = _exponential_noise(probs, [None, None, NoiseKey(3, 8)], seeded(3))
+    noise = _exponential_noise(probs, [None, None, NoiseKey(3, 8)], seeded(3), support_only=True)
     g = seeded(3)
     support = torch.empty(2).exponential_(generator=g)
     assert torch.equal(noise[0], torch.tensor([1.0, support[0].item(), 1.0, support[1].item()]))
@@ -74,14 +74,17 @@ def test_cpu_noise_is_drawn_for_the_support_only() -> None:
 
 
 def test_a_keyed_row_wins_as_its_full_noise_row_would() -> None:
-    """Noise on the support only (CPU) or on every id (an accelerator's path) elects the same
-    token: the noise is a function of the id, so the support's values are the full row's."""
+    """Noise on the support only (the CPU's path) or on every id (an accelerator's) elects the
+    same token: the noise is a function of the id, so the support's values are the full row's."""
     g = seeded(0)
     for seed in range(50):
-        probs = torch.rand(1, 300, generator=g) * (torch.rand(1, 300, generator=g) < 0.1)
-        probs[0, 0] += 1e-3
-        full = exponentials(*NoiseKey(seed, 2).words(), torch.arange(300))  # [300]
-        assert int(sample(probs, [NoiseKey(seed, 2)])[0]) == int((probs[0] / full).argmax())
+        probs = torch.rand(2, 300, generator=g) * (torch.rand(2, 300, generator=g) < 0.1)
+        probs[:, 0] += 1e-3
+        keys = [NoiseKey(seed, 2), None]
+        full = _exponential_noise(probs, keys, seeded(seed), support_only=False)  # [2, 300]
+        assert torch.equal(full[0], exponentials(*NoiseKey(seed, 2).words(), torch.arange(300)))
+        assert torch.equal(full[1], torch.empty(300).exponential_(generator=seeded(seed)))
+        assert int(sample(probs, keys)[0]) == int((probs[0] / full[0]).argmax())
 
 
 def test_empirical_frequencies_match_distribution() -> None:

@@ -24,20 +24,22 @@ def _exponential_noise(
     probs: torch.Tensor,
     keys: Sequence[NoiseKey | None],
     generator: torch.Generator | None,
+    support_only: bool,
 ) -> torch.Tensor:
     """Exponential(1) noise shaped like `probs` [n, vocab]: row i is the counter-based noise of
     keys[i] (sample/noise.py) where it has a key, else drawn from `generator` in row order.
 
-    On the CPU a row gets noise for its support (p > 0) only and holds 1 elsewhere: a token
-    with p = 0 scores 0 whatever its noise, so the race and its winner are the same in law (for
-    a keyed row, the very same winner), and a top-p row keeps tens to hundreds of tokens where
-    a full row costs a tenth of a small model's decode step.
+    support_only (the CPU's choice, where finding the support needs no sync): a row gets noise
+    for its support (p > 0) only and holds 1 elsewhere. A token with p = 0 scores 0 whatever its
+    noise, so the race and its winner are the same in law (for a keyed row, the very same
+    winner), and a top-p row keeps tens to hundreds of tokens of a vocabulary of tens of
+    thousands.
     """
     keyed = [i for i, key in enumerate(keys) if key is not None]
     words = torch.tensor(
         [key.words() for key in keys if key is not None], dtype=torch.int64, device=probs.device
     ).reshape(-1, 2)  # [m, 2]: (a, b) per keyed row
-    if probs.device.type == "cpu":
+    if support_only:
         noise = torch.ones_like(probs, dtype=torch.float32)  # [n, vocab]
         for i, key in enumerate(keys):
             if key is None:
@@ -45,7 +47,7 @@ def _exponential_noise(
                 draw = torch.empty(len(support), dtype=torch.float32)
                 noise[i, support] = draw.exponential_(generator=generator)
         if keyed:
-            rows = torch.tensor(keyed, dtype=torch.int64)  # [m]
+            rows = torch.tensor(keyed, dtype=torch.int64, device=probs.device)  # [m]
             row, token = (probs[rows] > 0).nonzero().unbind(1)  # [S] each: a keyed row's support
             noise[rows[row], token] = exponentials(words[row, 0], words[row, 1], token)
         return noise
@@ -85,7 +87,7 @@ def sample(
         raise ValueError(
             f"keys must have one entry per row of probs ({probs.shape[0]}), got {len(keys)}"
         )
-    noise = _exponential_noise(probs, keys, generator)  # [n, vocab]
+    noise = _exponential_noise(probs, keys, generator, probs.device.type == "cpu")  # [n, vocab]
     noise.clamp_(min=torch.finfo(noise.dtype).tiny)
     tokens = argmax_rows(probs.float() / noise)  # [n]
     if greedy is not None:
