@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair, write_jsonl
+from tests.helpers.audit import (
+    accept_every_greedy_draft,
+    keep_every_draft,
+    make_sharp_pair,
+    write_jsonl,
+)
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.audit.report import DIFFERS, IDENTICAL, NEAR_TIE, greedy_prompt
 from verispec.cli.main import main
@@ -93,8 +98,11 @@ def test_sampling_catches_a_verifier_that_emits_the_drafts(
     far_pair, prompts_file, tmp_path, monkeypatch
 ) -> None:
     """Accepting every draft makes the second token follow q, not p (measured: p < 1e-80 and
-    TV above its bound on both prompts; the seeds are fixed, so this is deterministic)."""
+    TV above its bound on both prompts; the seeds are fixed, so this is deterministic). The
+    audit's requests are seeded, so they verify by coupling (docs/design.md, 3): both rules
+    are broken."""
     monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
+    monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
     code, report = verify(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
                           "--num-prompts", "2", "--samples", "800")  # fmt: skip
     assert code == 1 and report["verdict"] == "not exact"

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.audit import accept_every_greedy_draft, make_sharp_pair, write_jsonl
+from tests.helpers.audit import (
+    accept_every_greedy_draft,
+    keep_every_draft,
+    make_sharp_pair,
+    write_jsonl,
+)
 from tests.helpers.chat import with_chat_template
 from verispec import LLM, SpecConfig
 from verispec.audit.client import ServerClient, ServerError
@@ -119,7 +124,9 @@ def test_sampling_through_the_server(server, chat_prompts, tmp_path, capsys) -> 
 def test_sampling_through_the_server_catches_a_broken_verifier(
     server, chat_prompts, tmp_path, monkeypatch
 ) -> None:
+    """Both verifiers broken: the audit's requests are seeded, so they verify by coupling."""
     monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
+    monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
     code, report = verify(server, chat_prompts, tmp_path, "--temperature", "1.0",
                           "--samples", "320", "--num-prompts", "1")  # fmt: skip
     assert code == 1

@@ -13,8 +13,9 @@ import pytest
 
 from verispec.api.sampling_params import SamplingParams
 from verispec.engine import request as request_module
-from verispec.engine.request import Request, Status
+from verispec.engine.request import Request, Status, noise_key
 from verispec.kv import BlockAllocator, BlockTable
+from verispec.sample.noise import NoiseKey
 
 EOS = 99
 
@@ -32,7 +33,6 @@ def make_request(
         prompt_token_ids=[0, 1, 2] if prompt is None else prompt,
         params=SamplingParams(**params),
         block_table=BlockTable(BlockAllocator(16), block_size=4),
-        generator=None,
         eos_token_ids=frozenset({EOS}),
         max_model_len=max_model_len,
     )
@@ -188,3 +188,13 @@ def test_metrics_with_real_clock_are_consistent() -> None:
 
 def test_decodes_worked_example() -> None:
     assert doctest.testmod(request_module).failed == 0
+
+
+def test_noise_key_is_the_seed_and_the_output_position() -> None:
+    """A seeded request's next token is keyed by its seed and its output length (the prompt
+    does not count), a draft or verify row j later by j more; no seed: no key."""
+    r = make_request(prompt=[5, 6, 7, 8], seed=2**64 - 1, max_tokens=8)
+    assert noise_key(r) == NoiseKey(2**64 - 1, 0)
+    r.append_tokens([9, 10], decode)
+    assert noise_key(r) == NoiseKey(2**64 - 1, 2) and noise_key(r, 3) == NoiseKey(2**64 - 1, 5)
+    assert noise_key(make_request()) is None

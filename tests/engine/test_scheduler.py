@@ -48,7 +48,6 @@ def make_request(
         prompt_token_ids=[3 + i % 90 for i in range(prompt_len)],
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         block_table=BlockTable(allocator, block_size),
-        generator=None,
         eos_token_ids=frozenset({EOS}),
         max_model_len=1024,
     )

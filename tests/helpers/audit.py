@@ -1,5 +1,5 @@
 """Shared by the audit tests (`verispec verify` and its server check): a sharp target with a
-noisy draft, a broken greedy verifier the audit must catch, and prompt files."""
+noisy draft, broken verifiers the audit must catch, and prompt files."""
 
 from __future__ import annotations
 
@@ -34,6 +34,16 @@ def accept_every_greedy_draft(logits: torch.Tensor, drafts: list[list[int]]) -> 
     """Broken verify_greedy (what the engine's runner calls for greedy requests): every draft
     is accepted, then the argmax after the last one is emitted."""
     target, start, token_ids = logits.argmax(dim=1).tolist(), 0, []
+    for d in drafts:
+        token_ids.append([*d, target[start + len(d)]])
+        start += len(d) + 1
+    return Verdict(token_ids=token_ids, num_accepted=[len(d) for d in drafts])
+
+
+def keep_every_draft(drafts: list[list[int]], target: list[int]) -> Verdict:
+    """Broken rejection._keep_matching (the coupled rule seeded requests are verified by): every
+    draft is kept, then the token of the row after them (target [R], len(d) + 1 rows each)."""
+    start, token_ids = 0, []
     for d in drafts:
         token_ids.append([*d, target[start + len(d)]])
         start += len(d) + 1

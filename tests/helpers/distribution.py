@@ -1,5 +1,5 @@
 """Shared by the sampling-distribution tests: a 12-word vocabulary, the exact joint distribution
-of a target's first TOKENS outputs, and the counts n seeded requests produce, to compare."""
+of a target's first TOKENS outputs, and the counts n requests produce, to compare."""
 
 from __future__ import annotations
 
@@ -69,16 +69,22 @@ def exact_joint(
 
 
 def run_case(
-    target: Path, prompt: list[int], params: SamplingParams, spec: SpecConfig | None, n: int,
+    target: Path,
+    prompt: list[int],
+    params: SamplingParams,
+    spec: SpecConfig | None,
+    n: int,
     first_seed: int = 0,
+    seeded: bool = False,
 ) -> tuple[Counter[int], float | None, int]:
-    """Counts of the first-TOKENS cell over n requests with seeds first_seed .. first_seed + n
-    - 1, all in one batch."""
+    """Counts of the first-TOKENS cell over n requests, all in one batch: unseeded requests
+    drawing from the engine's generator seeded with first_seed (rejection sampling), or
+    (seeded) requests with seeds first_seed .. first_seed + n - 1 (coupled verification)."""
     llm = LLM(
         model=str(target), speculative=spec, max_num_seqs=n, max_num_batched_tokens=32 * n,
-        max_model_len=32,
+        max_model_len=32, seed=first_seed,
     )  # fmt: skip
-    seeds = range(first_seed, first_seed + n)
+    seeds = range(first_seed, first_seed + n) if seeded else [None] * n
     outs = llm.generate([prompt] * n, [dataclasses.replace(params, seed=i) for i in seeds])
     cells: Counter[int] = Counter()
     for out in outs:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from verispec.api.sampling_params import SamplingParams
 from verispec.sample import SamplingTensors, sample, warp
+from verispec.sample.noise import NoiseKey
 from verispec.sample.rejection import Verdict, verify, verify_greedy
 
 GREEDY = dict(temperature=0.0)
@@ -49,7 +50,7 @@ def test_docstring_greedy_example(fast_path: bool) -> None:
     logits, drafts, params = one_hot_logits([5, 7, 9, 4], 10), [[5, 7, 2]], [GREEDY] * 4
     if not fast_path:
         logits, drafts, params = with_sampled_mate(logits, drafts, params)
-    v = verify(logits, drafts, None, tensors(params, 10), [seeded(0)] * len(drafts))
+    v = verify(logits, drafts, None, tensors(params, 10), [None] * len(drafts), seeded(0))
     assert v.token_ids[0] == [5, 7, 9] and v.num_accepted[0] == 2
 
 
@@ -58,7 +59,7 @@ def test_greedy_all_accepted_adds_the_bonus_argmax(fast_path: bool) -> None:
     logits, drafts, params = one_hot_logits([3, 1, 8, 6], 10), [[3, 1, 8]], [GREEDY] * 4
     if not fast_path:
         logits, drafts, params = with_sampled_mate(logits, drafts, params)
-    v = verify(logits, drafts, None, tensors(params, 10), [seeded(0)] * len(drafts))
+    v = verify(logits, drafts, None, tensors(params, 10), [None] * len(drafts), seeded(0))
     assert v.token_ids[0] == [3, 1, 8, 6] and v.num_accepted[0] == 3
 
 
@@ -67,7 +68,7 @@ def test_greedy_first_draft_rejected(fast_path: bool) -> None:
     logits, drafts, params = one_hot_logits([2, 7, 9], 10), [[4, 7]], [GREEDY] * 3
     if not fast_path:
         logits, drafts, params = with_sampled_mate(logits, drafts, params)
-    v = verify(logits, drafts, None, tensors(params, 10), [seeded(0)] * len(drafts))
+    v = verify(logits, drafts, None, tensors(params, 10), [None] * len(drafts), seeded(0))
     assert v.token_ids[0] == [2] and v.num_accepted[0] == 0
 
 
@@ -75,13 +76,15 @@ def test_zero_drafts_is_plain_argmax_or_plain_sampling() -> None:
     logits = torch.randn(3, 50, generator=seeded(1))
     params = [GREEDY, dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_p=0.9)]
     t = tensors(params, 50)
-    v = verify(logits, [[], [], []], None, t, [seeded(11), seeded(12), seeded(13)])
+    keys = [NoiseKey(11, 0), NoiseKey(12, 3), NoiseKey(13, 9)]
+    v = verify(logits, [[], [], []], None, t, keys)
     assert v.num_accepted == [0, 0, 0]
     assert v.token_ids[0] == [int(logits[0].argmax())]
-    for r in (1, 2):  # the same draw plain sampling makes with the same seed
-        alone = tensors([params[r]], 50)
-        expected = sample(warp(logits[r : r + 1], alone), [seeded(11 + r)])
+    for r in (1, 2):  # the token plain sampling draws with the same key, alone
+        expected = sample(warp(logits[r : r + 1], tensors([params[r]], 50)), keys[r : r + 1])
         assert v.token_ids[r] == [int(expected[0])]
+    v = verify(logits, [[], [], []], None, t, [None] * 3, seeded(5))  # the same draws
+    assert v.token_ids == [[x] for x in sample(warp(logits, t), [None] * 3, t.greedy, seeded(5))]
 
 
 @st.composite
@@ -114,8 +117,10 @@ def batches(draw: st.DrawFn, vocab: int = 8) -> dict:
     return dict(logits=torch.cat(logits), drafts=drafts, params=params, q=q, seed=seed)
 
 
-def run(b: dict, q: torch.Tensor | None, only: int | None = None) -> Verdict:
-    """verify the batch b (or only its request `only`), request r seeded with seed + r."""
+def run(b: dict, q: torch.Tensor | None, only: int | None = None, keyed: bool = True) -> Verdict:
+    """verify the batch b (or only its request `only`): request r seeded with seed + r (its
+    first row at output position r), or (keyed False) every request drawing from one
+    generator seeded with seed."""
     logits, drafts, params, q_all = b["logits"], b["drafts"], b["params"], q
     if only is not None:
         first = sum(len(d) + 1 for d in drafts[:only])
@@ -125,8 +130,10 @@ def run(b: dict, q: torch.Tensor | None, only: int | None = None) -> Verdict:
         q_all = None if q is None else q[first_q : first_q + k]
         drafts = [drafts[only]]
     offset = 0 if only is None else only
-    gens = [seeded(b["seed"] + offset + r) for r in range(len(drafts))]
-    return verify(logits, drafts, q_all, tensors(params, logits.shape[1]), gens)
+    keys = [NoiseKey(b["seed"] + offset + r, offset + r) if keyed else None
+            for r in range(len(drafts))]  # fmt: skip
+    t = tensors(params, logits.shape[1])
+    return verify(logits, drafts, q_all, t, keys, seeded(b["seed"]))
 
 
 @settings(max_examples=60, deadline=None)
@@ -143,12 +150,12 @@ def test_batch_equals_each_request_alone_and_bounds_hold(b: dict) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(b=batches())
-def test_none_q_equals_explicit_one_hot_q(b: dict) -> None:
+@given(b=batches(), keyed=st.booleans())
+def test_none_q_equals_explicit_one_hot_q(b: dict, keyed: bool) -> None:
     flat = [x for d in b["drafts"] for x in d]
     one_hot = torch.zeros(len(flat), b["logits"].shape[1])
     one_hot[torch.arange(len(flat)), torch.tensor(flat, dtype=torch.int64)] = 1.0
-    assert run(b, None) == run(b, one_hot)
+    assert run(b, None, keyed=keyed) == run(b, one_hot, keyed=keyed)
 
 
 def test_greedy_rows_with_one_hot_q_keep_argmax_drafts() -> None:
@@ -157,8 +164,9 @@ def test_greedy_rows_with_one_hot_q_keep_argmax_drafts() -> None:
     drafts, params = [[4, 2], [0]], [GREEDY] * 5
     logits, drafts, params = with_sampled_mate(logits, drafts, params)
     for seed in range(20):
-        v = verify(logits, drafts, None, tensors(params, 6), [seeded(seed + i) for i in range(3)])
-        assert v.token_ids[:2] == [[4, 4], [0, 3]] and v.num_accepted[:2] == [1, 1]
+        for keys in ([NoiseKey(seed + i, 0) for i in range(3)], [None] * 3):
+            v = verify(logits, drafts, None, tensors(params, 6), keys, seeded(seed))
+            assert v.token_ids[:2] == [[4, 4], [0, 3]] and v.num_accepted[:2] == [1, 1]
 
 
 def test_verify_greedy_worked_example() -> None:
@@ -176,7 +184,8 @@ def test_verify_greedy_equals_the_tensor_rule(counts: list[int], seed: int) -> N
     drafts = [torch.randint(0, 6, (c,), generator=g).tolist() for c in counts]
     params = [GREEDY] * logits.shape[0]
     mixed, mixed_drafts, mixed_params = with_sampled_mate(logits, drafts, params)
-    v = verify(mixed, mixed_drafts, None, tensors(mixed_params, 6), [seeded(0)] * len(mixed_drafts))
+    t = tensors(mixed_params, 6)
+    v = verify(mixed, mixed_drafts, None, t, [None] * len(mixed_drafts), seeded(0))
     got = verify_greedy(logits, drafts)
     assert got.token_ids == v.token_ids[:-1] and got.num_accepted == v.num_accepted[:-1]
 
@@ -237,9 +246,7 @@ def test_k1_emits_p_and_accepts_with_sum_of_min(q: list[float] | None) -> None:
     logits = torch.stack([P.log(), P_BONUS.log()]).repeat(DRAWS, 1)  # [2 * DRAWS, vocab]
     t = tensors([dict(temperature=1.0)] * (2 * DRAWS), len(P))
     draft_probs = None if q is None else q_probs.expand(DRAWS, -1)
-    v = verify(
-        logits, [[d] for d in drafts.tolist()], draft_probs, t, [None] * DRAWS, default_generator=g
-    )
+    v = verify(logits, [[d] for d in drafts.tolist()], draft_probs, t, [None] * DRAWS, generator=g)
 
     first = torch.tensor([ids[0] for ids in v.token_ids])
     empirical = torch.bincount(first, minlength=len(P)).double() / DRAWS
@@ -272,7 +279,7 @@ def test_k2_emits_p_at_each_position_with_its_own_residual() -> None:
     t = tensors([dict(temperature=1.0)] * (3 * DRAWS), len(P))
     draft_probs = torch.stack([q1, q2]).repeat(DRAWS, 1)  # [2 * DRAWS, vocab]
     drafts = torch.stack([d1, d2], dim=1).tolist()
-    v = verify(logits, drafts, draft_probs, t, [None] * DRAWS, default_generator=g)
+    v = verify(logits, drafts, draft_probs, t, [None] * DRAWS, generator=g)
 
     # Requests that rejected d1 emit one token; they contribute to the first position only.
     first = torch.tensor([ids[0] for ids in v.token_ids])
@@ -287,3 +294,108 @@ def test_k2_emits_p_at_each_position_with_its_own_residual() -> None:
     accepted = torch.tensor(v.num_accepted)
     assert abs(float((accepted >= 1).double().mean()) - a1) <= hoeffding(DRAWS)
     assert abs(float((accepted == 2).double().mean()) - a1 * a2) <= hoeffding(DRAWS)
+
+
+# --- coupled verification of seeded requests ---------------------------------------------------
+
+
+def own_tokens(logits: torch.Tensor, params: dict, key: NoiseKey) -> list[int]:
+    """The token plain seeded decoding samples from each row [R, vocab] of one request, row j
+    at the key's position + j: argmax(p / E) with that position's noise."""
+    p = warp(logits, tensors([params] * len(logits), logits.shape[1]))
+    return sample(p, [key.shifted(j) for j in range(len(logits))]).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**20), k=st.integers(0, 4), position=st.integers(0, 500),
+       hits=st.lists(st.booleans(), min_size=4, max_size=4), with_q=st.booleans())  # fmt: skip
+def test_coupled_keeps_drafts_while_they_equal_the_rows_own_tokens(
+    seed: int, k: int, position: int, hits: list[bool], with_q: bool
+) -> None:
+    """Whatever the drafts and their q, a seeded request emits its rows' own tokens: drafts up
+    to the first that differs from its row's token, then that row's token."""
+    g = seeded(seed)
+    params = dict(temperature=1.0, top_k=4)
+    logits = torch.randn(k + 1, 6, generator=g)  # [k + 1, 6]
+    key = NoiseKey(seed, position)
+    own = own_tokens(logits, params, key)
+    drafts = [own[j] if hits[j] else int(torch.randint(0, 6, (1,), generator=g)) for j in range(k)]
+    q = torch.rand(k, 6, generator=g).softmax(dim=1) if with_q else None
+    v = verify(logits, [drafts], q, tensors([params] * (k + 1), 6), [key], seeded(0))
+    a = next((j for j in range(k) if drafts[j] != own[j]), k)
+    assert v.num_accepted == [a] and v.token_ids == [[*own[:a], own[a]]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=batches())
+def test_seeded_and_unseeded_requests_in_one_batch_decide_as_apart(b: dict) -> None:
+    """Seeded requests are coupled, the others rejection-sampled, in one call: each group gets
+    what it gets alone (the unseeded ones draw from the generator in their own order)."""
+    n = len(b["drafts"])
+    keys = [NoiseKey(b["seed"] + r, r) if r % 2 == 0 else None for r in range(n)]
+    t = tensors(b["params"], b["logits"].shape[1])
+    mixed = verify(b["logits"], b["drafts"], b["q"], t, keys, seeded(b["seed"]))
+    together = run(b, b["q"])  # every request seeded as here
+    firsts = [sum(len(d) + 1 for d in b["drafts"][:r]) for r in range(n)]
+    unseeded = [r for r in range(n) if keys[r] is None]
+    rows = [firsts[r] + j for r in unseeded for j in range(len(b["drafts"][r]) + 1)]
+    q_rows = [sum(len(d) for d in b["drafts"][:r]) + j for r in unseeded
+              for j in range(len(b["drafts"][r]))]  # fmt: skip
+    params = [b["params"][i] for i in rows]
+    alone = verify(b["logits"][rows], [b["drafts"][r] for r in unseeded], b["q"][q_rows],
+                   tensors(params, b["logits"].shape[1]), [None] * len(unseeded),
+                   seeded(b["seed"]))  # fmt: skip
+    for r in range(n):
+        if keys[r] is not None:
+            assert mixed.token_ids[r] == together.token_ids[r]
+        else:
+            assert mixed.token_ids[r] == alone.token_ids[unseeded.index(r)]
+
+
+def coupled_acceptance(p: torch.Tensor, q: torch.Tensor) -> float:
+    """P(argmax(p / E) == argmax(q / E)) for one noise row E shared by both races: token v wins
+    both when E_v < E_w min(p_v / p_w, q_v / q_w) for every w, which has probability
+    1 / sum_w max(p_w / p_v, q_w / q_v) (integrate over E_v). At most sum min(p, q) (the
+    optimal coupling of rejection sampling), at least (1 - TV) / (1 + TV)."""
+    p, q = p.double(), q.double()
+    both = (p > 0) & (q > 0)
+    return sum(1 / float(torch.maximum(p / p[v], q / q[v]).sum()) for v in both.nonzero()[:, 0])
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        pytest.param([0.1, 0.1, 0.2, 0.2, 0.4, 0.0], id="q-has-tokens-p-lacks"),
+        pytest.param([0.7, 0.3, 0.0, 0.0, 0.0, 0.0], id="p-has-tokens-q-lacks"),
+        pytest.param([0.0, 0.0, 0.0, 0.0, 0.5, 0.5], id="disjoint"),
+        pytest.param(P.tolist(), id="q-equals-p"),
+        pytest.param([0.0, 1.0, 0.0, 0.0, 0.0, 0.0], id="one-hot-q"),
+    ],
+)
+def test_coupled_k1_emits_p_and_accepts_as_the_shared_race(q: list[float]) -> None:
+    """k = 1, DRAWS seeded requests (seeds 0..DRAWS - 1): each drafts argmax(q / E) with the
+    noise of the position it guesses, as a sampling drafter does; the first token follows P,
+    the bonus P_BONUS, and acceptance is the shared race's (coupled_acceptance)."""
+    q_probs = torch.tensor(q)
+    keys: list[NoiseKey | None] = [NoiseKey(seed, 0) for seed in range(DRAWS)]
+    drafts = sample(q_probs.expand(DRAWS, -1), keys)  # [DRAWS]
+    logits = torch.stack([P.log(), P_BONUS.log()]).repeat(DRAWS, 1)  # [2 * DRAWS, vocab]
+    t = tensors([dict(temperature=1.0)] * (2 * DRAWS), len(P))
+    v = verify(logits, [[d] for d in drafts.tolist()], q_probs.expand(DRAWS, -1), t, keys)
+
+    first = torch.tensor([ids[0] for ids in v.token_ids])
+    empirical = torch.bincount(first, minlength=len(P)).double() / DRAWS
+    tv = 0.5 * float((empirical - P.double()).abs().sum())
+    assert tv <= tv_bound(P.double(), DRAWS), (tv, empirical)
+    assert empirical[P == 0].sum() == 0
+
+    accepted = torch.tensor(v.num_accepted).double()
+    expected_rate = coupled_acceptance(P, q_probs)
+    assert expected_rate <= float(torch.minimum(P, q_probs).sum()) + 1e-12
+    assert abs(float(accepted.mean()) - expected_rate) <= hoeffding(DRAWS)
+
+    bonus = torch.tensor([ids[1] for ids in v.token_ids if len(ids) == 2])
+    if len(bonus) >= 1000:
+        empirical = torch.bincount(bonus, minlength=len(P)).double() / len(bonus)
+        tv = 0.5 * float((empirical - P_BONUS.double()).abs().sum())
+        assert tv <= tv_bound(P_BONUS.double(), len(bonus)), (tv, empirical)

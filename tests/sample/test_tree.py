@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from verispec.api.sampling_params import SamplingParams
 from verispec.audit.fit import Fit, fit
 from verispec.sample import SamplingTensors, sample, tree, warp
+from verispec.sample.noise import NoiseKey
 from verispec.sample.rejection import Verdict, verify
 from verispec.sample.tree import DraftTree, verify_tree
 
@@ -210,10 +211,9 @@ def test_greedy_chain_equals_rejection_verify(drafts: list, seed: int, mixed: bo
         logits, drafts = torch.cat([logits, torch.zeros(1, 4)]), [*drafts, []]
         params = [*params, SamplingParams(temperature=1.0)]
     t = SamplingTensors.build(params, [[]] * len(params), [[]] * len(params), 4)
-    gens = [seeded(seed + r) for r in range(len(drafts))]
-    chain = verify_tree(logits, [DraftTree.chain(d) for d in drafts], t, gens)
-    gens = [seeded(seed + r) for r in range(len(drafts))]
-    expected = verify(logits, drafts, None, t, gens)
+    keys = [NoiseKey(seed + r, r) for r in range(len(drafts))]
+    chain = verify_tree(logits, [DraftTree.chain(d) for d in drafts], t, keys)
+    expected = verify(logits, drafts, None, t, keys)
     n = len(drafts) - mixed
     assert chain.token_ids[:n] == expected.token_ids[:n]
     assert chain.num_accepted[:n] == expected.num_accepted[:n]
@@ -226,7 +226,8 @@ MIXED_PARAMS = [dict(temperature=0.8, top_k=3)] * 4 + [dict(temperature=0.0)] + 
 
 
 def run_mixed(seeds: Sequence[int], only: int | None = None) -> Verdict:
-    """verify_tree on MIXED (sampled, greedy, sampled) or on its request `only` alone."""
+    """verify_tree on MIXED (sampled, greedy, sampled) or on its request `only` alone, request
+    r's root at output position seeds[r] % 7 of seed seeds[r]."""
     logits = torch.randn(8, 5, generator=seeded(3))  # [8, 5]
     params = [SamplingParams(**p) for p in MIXED_PARAMS]
     batch = MIXED
@@ -234,10 +235,10 @@ def run_mixed(seeds: Sequence[int], only: int | None = None) -> Verdict:
         rows = slice([0, 4, 5][only], [4, 5, 8][only])
         logits, params, batch = logits[rows], params[rows], [MIXED[only]]
     t = SamplingTensors.build(params, [[]] * len(params), [[]] * len(params), 5)
-    return verify_tree(logits, batch, t, [seeded(s) for s in seeds])
+    return verify_tree(logits, batch, t, [NoiseKey(s, s % 7) for s in seeds])
 
 
-def test_seeded_generators_reproduce_and_batch_mates_do_not_matter() -> None:
+def test_seeded_trees_reproduce_and_batch_mates_do_not_matter() -> None:
     verdicts = [run_mixed([s, 100 + s, 200 + s]) for s in range(30)]
     assert [run_mixed([s, 100 + s, 200 + s]) for s in range(30)] == verdicts
     assert len({str(v.token_ids) for v in verdicts}) > 5  # the seeds do change the draws
@@ -251,9 +252,10 @@ def test_seeded_generators_reproduce_and_batch_mates_do_not_matter() -> None:
 def test_empty_tree_is_plain_sampling() -> None:
     logits = torch.randn(2, 50, generator=seeded(1))
     t = tensors(dict(temperature=0.9, top_p=0.8), [[], []], 50)
-    v = verify_tree(logits, [DraftTree([], [])] * 2, t, [seeded(5), seeded(6)])
-    expected = sample(warp(logits, t), [seeded(5), seeded(6)])
-    assert v.token_ids == [[int(x)] for x in expected] and v.paths == [[], []]
+    for keys in ([NoiseKey(5, 0), NoiseKey(6, 2)], [None, None]):
+        v = verify_tree(logits, [DraftTree([], [])] * 2, t, keys, seeded(1))
+        expected = sample(warp(logits, t), keys, generator=seeded(1))
+        assert v.token_ids == [[int(x)] for x in expected] and v.paths == [[], []]
 
 
 def test_no_trees_is_an_empty_verdict() -> None:
@@ -266,7 +268,7 @@ def test_bad_verify_input_is_a_value_error() -> None:
     chain = DraftTree.chain([1, 2])
     with pytest.raises(ValueError, match=r"needs 4 logits rows and sampling rows .* got 3 and 3"):
         verify_tree(torch.zeros(3, 5), [chain, DraftTree([], [])], t, [None, None])
-    with pytest.raises(ValueError, match=r"one generator per tree \(1\), got 2"):
+    with pytest.raises(ValueError, match=r"one noise key per tree \(1\), got 2"):
         verify_tree(torch.zeros(3, 5), [chain], t, [None, None])
     with pytest.raises(ValueError, match="below the vocabulary size 2"):
         verify_tree(torch.zeros(3, 2), [chain], tensors({}, [[]] * 3, 2), [None])
@@ -317,15 +319,19 @@ def conditionals(params: dict) -> dict[tuple[int, ...], torch.Tensor]:
 
 
 def first_tokens(
-    params: dict, parents: list[int], n: int, seed: int, warp_paths: bool = True
-) -> Counter:
+    params: dict, parents: list[int], n: int, seed: int, warp_paths: bool = True,
+    keyed: bool = False,
+) -> Counter:  # fmt: skip
     """Counts of the first TOKENS tokens of n trials: verify_tree's, then exact target draws.
-    warp_paths=False warps every row as if its path were empty (wrong when penalties are on)."""
+    warp_paths=False warps every row as if its path were empty (wrong when penalties are on);
+    keyed: trial i is a seeded request of its own seed (coupled), else all draw from one
+    generator (rejection sampling)."""
     t, g = draft_tree(parents), seeded(seed)
     histories = t.row_histories()
     logits = torch.stack([row_logits(TARGET, h) for h in histories]).repeat(n, 1)  # [n rows, V]
     warped = histories if warp_paths else [[]] * len(histories)
-    v = verify_tree(logits, [t] * n, tensors(params, warped * n, VOCAB), [None] * n, g)
+    keys = [NoiseKey(seed * n + i, 0) if keyed else None for i in range(n)]
+    v = verify_tree(logits, [t] * n, tensors(params, warped * n, VOCAB), keys, g)
     law = conditionals(params)
     counts: Counter = Counter()
     for ids in v.token_ids:
@@ -350,23 +356,26 @@ def fits(params: dict, counts: Counter) -> list[Fit]:
     return out
 
 
-def check_exact(case: str, n: int) -> None:
+def check_exact(case: str, n: int, keyed: bool) -> None:
     params, parents = CASES[case]
-    for result in fits(params, first_tokens(params, parents, n, seed=len(case))):
+    for result in fits(params, first_tokens(params, parents, n, seed=len(case), keyed=keyed)):
         assert result.ok(ALPHA), f"{case}: {result}"
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["unseeded", "seeded"])
 @pytest.mark.parametrize("case", CASES)
-def test_tree_sampling_is_exact(case: str) -> None:
-    """2000 trials per case: about 5 per cell of the 3-token law, bounded for CI."""
-    check_exact(case, 2000)
+def test_tree_sampling_is_exact(case: str, keyed: bool) -> None:
+    """2000 trials per case: about 5 per cell of the 3-token law, bounded for CI. Unseeded
+    trials verify by recursive rejection, seeded ones (a seed each) by the coupled walk."""
+    check_exact(case, 2000, keyed)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("VERISPEC_FULL") != "1", reason="set VERISPEC_FULL=1")
+@pytest.mark.parametrize("keyed", [False, True], ids=["unseeded", "seeded"])
 @pytest.mark.parametrize("case", CASES)
-def test_tree_sampling_is_exact_long(case: str) -> None:
-    check_exact(case, 40_000)
+def test_tree_sampling_is_exact_long(case: str, keyed: bool) -> None:
+    check_exact(case, 40_000, keyed)
 
 
 @pytest.mark.parametrize("case", ["t1.0-star", "t0.7-top_p0.9-two-level"])
@@ -378,6 +387,18 @@ def test_keeping_rejected_siblings_fails_the_same_check(
     params, parents = CASES[case]
     results = fits(params, first_tokens(params, parents, 2000, seed=len(case)))
     assert all(r.p_value < 1e-9 and not r.ok(ALPHA) for r in results), results
+
+
+@pytest.mark.parametrize("case", ["t1.0-star", "t1.0-top_k3-unbalanced"])
+def test_reusing_the_roots_noise_at_every_depth_fails_the_same_check(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seeded walk must race each row with the noise of its own output position: one that
+    races every depth with the root's noise makes the tokens of a path depend on each other."""
+    monkeypatch.setattr(NoiseKey, "shifted", lambda key, offset: key)
+    params, parents = CASES[case]
+    results = fits(params, first_tokens(params, parents, 2000, seed=len(case), keyed=True))
+    assert any(r.p_value < 1e-9 and not r.ok(ALPHA) for r in results), results
 
 
 def test_warping_rows_without_their_path_fails_the_same_check() -> None:

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.helpers.serving import blocks_free, speculative_llm, wait_until
+from tests.helpers.serving import blocks_free, call, speculative_llm, wait_until
 from verispec import LLM, SamplingParams
 from verispec.serve import Server
 
@@ -121,3 +121,27 @@ def test_kv_exhaustion_queues_or_preempts_and_answers_stay_right(chat_pair) -> N
         assert [t for t, _ in got] == want and all(r == "length" for _, r in got)
         assert small.engine.num_preemptions > 0
         wait_until(lambda: blocks_free(server))
+
+
+def test_concurrent_identical_seeded_requests_equal_the_request_alone(
+    chat_pair, reference: LLM
+) -> None:
+    """Issue 38: 8 identical seeded requests at temperature 1 sent at once to a server whose
+    adaptive policy picks each step's k, beside each other, get the text the same request gets
+    alone, which is plain seeded decoding's (a seed fixes the answer, docs/design.md, 3)."""
+    body = {"prompt": "def seeded(x):", "max_tokens": 48, "temperature": 1.0, "seed": 1234,
+            "ignore_eos": True}  # fmt: skip
+    plain = reference.generate(
+        body["prompt"], SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=1234)
+    )[0].text
+    llm = speculative_llm(chat_pair, adaptive=True)
+    with Server(llm.engine, port=0) as server:
+        status, alone = call(server.url, "/v1/completions", body)
+        assert status == 200, alone
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: call(server.url, "/v1/completions", body), range(8)))
+    assert all(status == 200 for status, _ in answers), answers
+    texts = [answer["choices"][0]["text"] for _, answer in answers]
+    assert texts == [alone["choices"][0]["text"]] * 8
+    assert alone["choices"][0]["text"] == plain
+    assert llm.engine.spec_stats.num_accepted_tokens > 0  # it did speculate

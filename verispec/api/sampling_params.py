@@ -121,7 +121,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     """Subtract this times the token's count in the output from its logit; [-2, 2]."""
     seed: int | None = None
-    """Seed of this request's own random generator; None uses the engine's shared one."""
+    """Fixes this request's sampling: the token at output position t is drawn with noise that
+    is a function of (seed, t, token id) alone, so the same prompt, parameters and model give the
+    same output whatever the batch, k or drafter (docs/design.md, 3); None draws from the
+    engine's shared generator."""
     stop: list[str] | str | None = None
     """Strings that end generation; normalised to a list of non-empty strings."""
     stop_token_ids: list[int] | None = None

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from verispec.engine.request import Request, all_greedy, sampling_tensors
+from verispec.engine.request import Request, all_greedy, noise_key, sampling_tensors
 from verispec.models.llama import LlamaModel
 from verispec.sample import argmax_rows, sample, warp
 from verispec.sample.tree import DraftTree
@@ -71,16 +71,20 @@ def draw_drafts(
     logits: torch.Tensor,
     requests: Sequence[Request],
     drafts: Sequence[Sequence[int]],
-    default_generator: torch.Generator,
+    generator: torch.Generator,
 ) -> tuple[torch.Tensor | None, list[int]]:
     """One draft token per row of logits [n, target vocab], warped as each request warps (its
     drafts so far in its history): q [n, vocab] and the tokens; q is None when every row is
-    greedy (one-hot at the argmax, which the verifier then implies)."""
+    greedy (one-hot at the argmax, which the verifier then implies). A seeded request's draft
+    is argmax(q / E) with the noise of the output position it guesses, the noise its verifier
+    races the target's p with (sample/rejection.py), so the two agree often; others draw from
+    `generator`."""
     if all_greedy(requests):
         return None, argmax_rows(logits).tolist()
     t = sampling_tensors(list(zip(requests, drafts, strict=True)), logits.shape[1], logits.device)
     q = warp(logits, t)  # [n, vocab]
-    tokens = sample(q, [r.generator for r in requests], t.greedy, default_generator)
+    keys = [noise_key(r, len(d)) for r, d in zip(requests, drafts, strict=True)]
+    tokens = sample(q, keys, t.greedy, generator)
     return q, tokens.tolist()
 
 

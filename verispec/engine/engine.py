@@ -172,16 +172,12 @@ class Engine:
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.grammars.matcher(params.structured_outputs)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(self.device).manual_seed(params.seed)
         request = Request(
             request_id=request_id or str(next(self._ids)),
             prompt=text,
             prompt_token_ids=list(ids),
             params=params,
             block_table=self.runner.target.new_table(),
-            generator=generator,
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             grammar=grammar,

@@ -17,6 +17,7 @@ from verispec.engine.stats import SpecStats
 from verispec.kv import BlockTable
 from verispec.sample import SamplingTensors
 from verispec.sample.grammar import GrammarMatcher
+from verispec.sample.noise import NoiseKey
 
 
 class Status(enum.Enum):
@@ -38,8 +39,6 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     block_table: BlockTable
-    generator: torch.Generator | None
-    """Seeded generator when params.seed is set; None = the engine's shared generator."""
     eos_token_ids: frozenset[int]
     max_model_len: int
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -177,6 +176,14 @@ def all_greedy(requests: Sequence[Request]) -> bool:
     """True when every request takes its argmax (greedy, no penalties): its target p and a
     drafter's q are then one-hot, and only raw logits' argmaxes matter."""
     return all(r.params.greedy and not r.params.needs_penalties for r in requests)
+
+
+def noise_key(request: Request, offset: int = 0) -> NoiseKey | None:
+    """The noise key of the token `offset` positions after a seeded request's output so far
+    (its seed, that output position: sample/noise.py); None without a seed (the engine's
+    shared generator). A drafter's j-th draft and verify row j use offset j."""
+    seed = request.params.seed
+    return None if seed is None else NoiseKey(seed, len(request.output_token_ids) + offset)
 
 
 def sampling_tensors(

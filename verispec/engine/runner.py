@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from verispec.api.outputs import TokenLogprobs
-from verispec.engine.request import all_greedy, sampling_tensors
+from verispec.engine.request import all_greedy, noise_key, sampling_tensors
 from verispec.engine.scheduler import ScheduledRequest
 from verispec.models.batch import SeqChunk
 from verispec.models.paged import PagedModel
@@ -75,7 +75,7 @@ class ModelRunner:
             [s.draft_token_ids for s in sampling],
             draft_probs,
             t,
-            [s.request.generator for s in sampling],
+            [noise_key(s.request) for s in sampling],
             self.generator,
         )
 
@@ -105,7 +105,7 @@ class ModelRunner:
                 for h in tree.row_histories()]  # fmt: skip
         t = sampling_tensors(rows, logits.shape[-1], logits.device)
         verdict = verify_tree(
-            logits, trees, t, [s.request.generator for s in sampling], self.generator
+            logits, trees, t, [noise_key(s.request) for s in sampling], self.generator
         )
         self._keep_paths(sampling, [verdict.accepted_drafts(i) for i in range(len(sampling))])
         return verdict

@@ -1,4 +1,5 @@
-"""The verifier: speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+"""The verifier: speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023), and
+its coupled form for seeded requests.
 
 For each request the target scored 1 + k positions in one forward: row i (i < k) is the
 distribution after the prefix plus drafts d_1..d_i, row k the one after all k drafts.
@@ -15,16 +16,24 @@ Every step therefore emits accepted + 1 tokens, and each emitted token is distri
 as if sampled from p itself. Greedy rows have one-hot p (and one-hot q from a greedy or
 deterministic drafter), so the same rule reduces to "keep drafts while they equal the argmax,
 then emit the argmax"; that case also has a fast path over raw logits.
+
+A seeded request is verified by coupling instead: row i's own token is argmax(p_i / E), E the
+counter-based noise of its output position (sample/noise.py), which is the token plain seeded
+decoding samples there; drafts are kept while they equal those tokens, then the row's own
+token is emitted. The output is then plain decoding's for any drafts and any k; a drafter that
+draws with the same noise (argmax(q / E)) agrees often (docs/design.md, 3).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from verispec.sample.logits import SamplingTensors, apply_mask, warp
+from verispec.sample.noise import NoiseKey
 from verispec.sample.sampler import argmax_rows, sample
 
 
@@ -50,25 +59,54 @@ def verify(
     drafts: Sequence[Sequence[int]],
     draft_probs: torch.Tensor | None,
     t: SamplingTensors,
-    generators: Sequence[torch.Generator | None],
-    default_generator: torch.Generator | None = None,
+    keys: Sequence[NoiseKey | None],
+    generator: torch.Generator | None = None,
 ) -> Verdict:
     """Accept or reject each request's drafts and add the recovered/bonus token.
 
     logits [R, vocab]: request r owns len(drafts[r]) + 1 consecutive rows; t has one row per
-    logits row; draft_probs [sum of k, vocab] or None (one-hot q); generators: one per request.
+    logits row; draft_probs [sum of k, vocab] or None (one-hot q); keys: per request, the noise
+    key of its first row (a seeded request, verified by coupling) or None (rejection sampling,
+    its draws from `generator`).
     Worked example (greedy): drafts [[5, 7, 2]], row argmaxes [5, 7, 9, 4] -> accept 5 and 7,
     reject 2, emit the target's 9: token_ids [[5, 7, 9]], num_accepted [2].
     """
     if t.all_greedy and not t.need_penalties:
         return verify_greedy(apply_mask(logits, t), drafts)
     _check_rows(logits, drafts)
+    if len(keys) != len(drafts):
+        raise ValueError(f"need one noise key per request ({len(drafts)}), got {len(keys)}")
+    p = warp(logits, t)  # [R, vocab]
+    seeded = [i for i, key in enumerate(keys) if key is not None]
+    seeded_keys = [key for key in keys if key is not None]
+    if not seeded:
+        return _rejection(p, drafts, draft_probs, t.greedy, generator)
+    if len(seeded) == len(drafts):
+        return _coupled(p, drafts, seeded_keys, t.greedy)
+    unseeded = [i for i, key in enumerate(keys) if key is None]
     counts = [len(d) for d in drafts]
-    device = logits.device
+    rows = [_rows_of(counts, group, p.device) for group in (seeded, unseeded)]  # [R_s], [R_u]
+    coupled = _coupled(p[rows[0]], [drafts[i] for i in seeded], seeded_keys, t.greedy[rows[0]])
+    q = None if draft_probs is None else draft_probs[_drafts_of(counts, unseeded, p.device)]
+    rejected = _rejection(p[rows[1]], [drafts[i] for i in unseeded], q, t.greedy[rows[1]],
+                          generator)  # fmt: skip
+    return _merge([coupled, rejected], [seeded, unseeded], len(drafts))
+
+
+def _rejection(
+    p: torch.Tensor,
+    drafts: Sequence[Sequence[int]],
+    draft_probs: torch.Tensor | None,
+    greedy: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Rejection sampling of every request's drafts over warped rows p [R, vocab] (greedy [R]
+    per row): accepted drafts, then the recovered or bonus token, all draws from `generator`."""
+    counts = [len(d) for d in drafts]
+    device = p.device
     flat = torch.tensor([x for d in drafts for x in d], dtype=torch.int64, device=device)  # [D]
     starts = torch.tensor(_starts(counts), dtype=torch.int64, device=device)  # [N] first row
     k = torch.tensor(counts, dtype=torch.int64, device=device)  # [N]
-    p = warp(logits, t)  # [R, vocab]
     draft_rows = _draft_rows(counts, device)  # [D] row of p scoring each draft
     p_draft = p[draft_rows, flat]  # [D]
     q_draft = (
@@ -76,15 +114,32 @@ def verify(
         if draft_probs is None
         else draft_probs[torch.arange(len(flat), device=device), flat]
     )  # [D]
-    u = _uniforms(counts, generators, default_generator, device)  # [D] in (0, 1]
+    u = _uniforms(counts, generator, device)  # [D] in (0, 1]
     accepted = _accepted_prefix(u * q_draft <= p_draft, counts)  # [N]
     dist = _final_distribution(p, draft_probs, flat, starts, accepted, k)  # [N, vocab]
-    greedy_final = t.greedy[starts + accepted]
-    final = sample(dist, generators, greedy_final, default_generator)  # [N]
+    greedy_final = greedy[starts + accepted]
+    final = sample(dist, [None] * len(drafts), greedy_final, generator)  # [N]
     num_accepted = accepted.tolist()
     final_ids = final.tolist()
     token_ids = [[*d[:a], f] for d, a, f in zip(drafts, num_accepted, final_ids, strict=True)]
     return Verdict(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def _coupled(
+    p: torch.Tensor,
+    drafts: Sequence[Sequence[int]],
+    keys: Sequence[NoiseKey],
+    greedy: torch.Tensor,
+) -> Verdict:
+    """Coupled verification of seeded requests over warped rows p [R, vocab] (greedy [R]): each
+    row's token is argmax(p / E) with the noise of its output position (the first row's key,
+    then one position per row; greedy rows their argmax), the token plain seeded decoding
+    samples there; drafts are kept while they equal those tokens (_keep_matching).
+    Lossless for any drafts: they only decide how many of those tokens one step emits."""
+    row_keys: list[NoiseKey | None] = [
+        key.shifted(j) for key, d in zip(keys, drafts, strict=True) for j in range(len(d) + 1)
+    ]
+    return _keep_matching(drafts, sample(p, row_keys, greedy).tolist())
 
 
 def verify_greedy(logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> Verdict:
@@ -94,7 +149,12 @@ def verify_greedy(logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> Verd
     Worked example: drafts [[5, 7, 2], []], row argmaxes [5, 7, 9, 4, 8] -> token_ids
     [[5, 7, 9], [8]], num_accepted [2, 0]."""
     _check_rows(logits, drafts)
-    target = argmax_rows(logits).tolist()  # [R]
+    return _keep_matching(drafts, argmax_rows(logits).tolist())
+
+
+def _keep_matching(drafts: Sequence[Sequence[int]], target: list[int]) -> Verdict:
+    """Each request's drafts while they equal the target's token of their row (target [R], a
+    request's len(d) + 1 rows in order), then the target's token of the row after them."""
     token_ids, num_accepted, start = [], [], 0
     for d in drafts:
         a = 0
@@ -103,6 +163,30 @@ def verify_greedy(logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> Verd
         token_ids.append([*d[:a], target[start + a]])
         num_accepted.append(a)
         start += len(d) + 1
+    return Verdict(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def _rows_of(counts: list[int], group: list[int], device: torch.device) -> torch.Tensor:
+    """[rows] the logits rows of the requests in group (request r owns counts[r] + 1 rows)."""
+    starts = _starts(counts)
+    return torch.tensor([starts[i] + j for i in group for j in range(counts[i] + 1)],
+                        dtype=torch.int64, device=device)  # fmt: skip
+
+
+def _drafts_of(counts: list[int], group: list[int], device: torch.device) -> torch.Tensor:
+    """[drafts] the draft rows (flat draft order) of the requests in group."""
+    firsts = list(itertools.accumulate(counts, initial=0))
+    return torch.tensor([firsts[i] + j for i in group for j in range(counts[i])],
+                        dtype=torch.int64, device=device)  # fmt: skip
+
+
+def _merge(verdicts: list[Verdict], groups: list[list[int]], n: int) -> Verdict:
+    """One Verdict in request order from verdicts of disjoint groups of request indices."""
+    token_ids: list[list[int]] = [[] for _ in range(n)]
+    num_accepted = [0] * n
+    for verdict, group in zip(verdicts, groups, strict=True):
+        for j, i in enumerate(group):
+            token_ids[i], num_accepted[i] = verdict.token_ids[j], verdict.num_accepted[j]
     return Verdict(token_ids=token_ids, num_accepted=num_accepted)
 
 
@@ -140,16 +224,10 @@ def _accepted_prefix(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
 
 
 def _uniforms(
-    counts: list[int],
-    generators: Sequence[torch.Generator | None],
-    default_generator: torch.Generator | None,
-    device: torch.device,
+    counts: list[int], generator: torch.Generator | None, device: torch.device
 ) -> torch.Tensor:
-    """[D] one uniform in (0, 1] per draft, from its request's generator (reproducible seeds)."""
-    parts = [
-        1.0 - torch.rand(c, generator=g or default_generator, device=device)
-        for c, g in zip(counts, generators, strict=True)
-    ]
+    """[D] one uniform in (0, 1] per draft, from `generator`, request by request."""
+    parts = [1.0 - torch.rand(c, generator=generator, device=device) for c in counts]
     return torch.cat(parts) if parts else torch.empty(0, device=device)
 
 

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from verispec.sample.noise import NoiseKey, exponentials
+
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """[n, V] -> [n] int64: each row's index of its first largest value (a NaN counts as the
@@ -20,43 +22,58 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def _exponential_noise(
     probs: torch.Tensor,
-    generators: Sequence[torch.Generator | None],
-    default_generator: torch.Generator | None,
+    keys: Sequence[NoiseKey | None],
+    generator: torch.Generator | None,
+    support_only: bool,
 ) -> torch.Tensor:
-    """Exponential(1) noise shaped like `probs`, row i drawn from generators[i] (None: default).
+    """Exponential(1) noise shaped like `probs` [n, vocab]: row i is the counter-based noise of
+    keys[i] (sample/noise.py) where it has a key, else drawn from `generator` in row order.
 
-    Each seeded row takes its own draw, so a request's tokens do not depend on its batch mates.
-    On the CPU a row draws noise for its support (p > 0) only and holds 1 elsewhere: a token
-    with p = 0 scores 0 whatever its noise, so the race and its winner are the same in law,
-    and torch's exponential_ costs about 25 ns a value here (1.2 ms for a 49,152-token row,
-    a tenth of a SmolLM2 decode step; a top-p row keeps tens to hundreds of tokens).
+    support_only (the CPU's choice, where finding the support needs no sync): a row gets noise
+    for its support (p > 0) only and holds 1 elsewhere. A token with p = 0 scores 0 whatever its
+    noise, so the race and its winner are the same in law (for a keyed row, the very same
+    winner), and a top-p row keeps tens to hundreds of tokens of a vocabulary of tens of
+    thousands.
     """
-    if probs.device.type == "cpu":
+    keyed = [i for i, key in enumerate(keys) if key is not None]
+    words = torch.tensor(
+        [key.words() for key in keys if key is not None], dtype=torch.int64, device=probs.device
+    ).reshape(-1, 2)  # [m, 2]: (a, b) per keyed row
+    if support_only:
         noise = torch.ones_like(probs, dtype=torch.float32)  # [n, vocab]
-        for row, p, g in zip(noise, probs, generators, strict=True):
-            support = (p > 0).nonzero().squeeze(1)  # [m] token ids
-            draw = torch.empty(len(support), dtype=torch.float32)
-            row[support] = draw.exponential_(generator=default_generator if g is None else g)
+        for i, key in enumerate(keys):
+            if key is None:
+                support = (probs[i] > 0).nonzero().squeeze(1)  # [s] token ids
+                draw = torch.empty(len(support), dtype=torch.float32)
+                noise[i, support] = draw.exponential_(generator=generator)
+        if keyed:
+            rows = torch.tensor(keyed, dtype=torch.int64, device=probs.device)  # [m]
+            row, token = (probs[rows] > 0).nonzero().unbind(1)  # [S] each: a keyed row's support
+            noise[rows[row], token] = exponentials(words[row, 0], words[row, 1], token)
         return noise
     noise = torch.empty_like(probs, dtype=torch.float32)  # [n, vocab]
-    if all(g is None for g in generators):
-        return noise.exponential_(generator=default_generator)
-    for row, g in zip(noise, generators, strict=True):
-        row.exponential_(generator=default_generator if g is None else g)
+    if not keyed:
+        return noise.exponential_(generator=generator)
+    for i, key in enumerate(keys):
+        if key is None:
+            noise[i].exponential_(generator=generator)
+    ids = torch.arange(probs.shape[1], device=probs.device)  # [vocab]
+    noise[keyed] = exponentials(words[:, :1], words[:, 1:], ids)  # [m, vocab]
     return noise
 
 
 def sample(
     probs: torch.Tensor,
-    generators: Sequence[torch.Generator | None],
+    keys: Sequence[NoiseKey | None],
     greedy: torch.Tensor | None = None,
-    default_generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Draw one token per row of `probs` [n, vocab] without a host sync; returns [n] int64.
 
-    Sync-free sampling as gpt-fast does: argmax(probs / E) with E ~ Exponential(1) i.i.d., one
-    noise row per row drawn from that row's generator (rows whose generator is None use
-    `default_generator`); rows where `greedy` [n] is True take argmax(probs) instead.
+    Sync-free sampling as gpt-fast does: argmax(probs / E) with E ~ Exponential(1) i.i.d.: row
+    i's noise is the counter-based noise of keys[i] (a seeded request's output position,
+    sample/noise.py), or, where keys[i] is None, drawn from `generator` (None: torch's default);
+    rows where `greedy` [n] is True take argmax(probs) instead.
 
     Why argmax(p / E) samples from p (the exponential race): E_i / p_i ~ Exponential(rate p_i),
     and the first of independent exponential clocks to ring is clock i with probability
@@ -66,12 +83,11 @@ def sample(
     and token 2 (p = 0) scores 0 and never wins, since some token with p > 0 scores > 0.
     Noise is clamped away from 0 so that 0 / 0 never yields a NaN (argmax would pick it).
     """
-    if len(generators) != probs.shape[0]:
+    if len(keys) != probs.shape[0]:
         raise ValueError(
-            f"generators must have one entry per row of probs ({probs.shape[0]}), "
-            f"got {len(generators)}"
+            f"keys must have one entry per row of probs ({probs.shape[0]}), got {len(keys)}"
         )
-    noise = _exponential_noise(probs, generators, default_generator)  # [n, vocab]
+    noise = _exponential_noise(probs, keys, generator, probs.device.type == "cpu")  # [n, vocab]
     noise.clamp_(min=torch.finfo(noise.dtype).tiny)
     tokens = argmax_rows(probs.float() / noise)  # [n]
     if greedy is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.sample.logits import SamplingTensors, apply_mask, warp
+from verispec.sample.noise import NoiseKey
 from verispec.sample.rejection import Verdict
 from verispec.sample.sampler import argmax_rows, sample
 
@@ -147,23 +148,27 @@ def verify_tree(
     logits: torch.Tensor,
     trees: Sequence[DraftTree],
     t: SamplingTensors,
-    generators: Sequence[torch.Generator | None],
-    default_generator: torch.Generator | None = None,
+    keys: Sequence[NoiseKey | None],
+    generator: torch.Generator | None = None,
 ) -> Verdict:
     """Accept the longest path of each request's draft tree that the target would produce, then
     add one final token; every emitted token follows the target's warped distribution exactly.
 
     logits [R, vocab]: request r owns trees[r].num_nodes + 1 consecutive rows (row 0 the root,
     row 1 + i the distribution after node i given its path); t has one row per logits row;
-    generators: one per request (None: default_generator). A tree without nodes samples plainly.
+    keys: per request, the noise key of its root row (a seeded request) or None (its draws
+    from `generator`). A tree without nodes samples plainly.
 
     Greedy rows descend to the child holding the row's argmax and end with the argmax.
-    Sampled rows use recursive rejection sampling for drafts drawn without replacement (Yang et
-    al. 2024, "Multi-Candidate Speculative Decoding"; SpecTr, Sun et al. 2023; SpecInfer's
-    multi-step speculative sampling, Miao et al. 2024) with point-mass drafts: at a node with
-    distribution p, child c (token x_c, in node order) is accepted with probability p(x_c), and
-    on rejection p becomes norm(max(0, p - onehot(x_c))) = p without x_c, renormalised. When
-    every child is rejected, the final token is drawn from what is left of p.
+    Seeded rows descend to the child holding the row's own token argmax(p / E), E the noise of
+    the row's output position (the root's key shifted by the row's depth), and end with that
+    token: plain seeded decoding's tokens, whatever the tree (rejection.py's coupling).
+    Other sampled rows use recursive rejection sampling for drafts drawn without replacement
+    (Yang et al. 2024, "Multi-Candidate Speculative Decoding"; SpecTr, Sun et al. 2023;
+    SpecInfer's multi-step speculative sampling, Miao et al. 2024) with point-mass drafts: at a
+    node with distribution p, child c (token x_c, in node order) is accepted with probability
+    p(x_c), and on rejection p becomes norm(max(0, p - onehot(x_c))) = p without x_c,
+    renormalised. When every child is rejected, the final token is drawn from what is left of p.
     Why exact: with distinct child tokens x_1..x_m, by induction on m the token emitted at the
     node has law p. m = 0: drawn from p. m >= 1: x_1 comes out with probability p(x_1);
     otherwise (probability 1 - p(x_1)) the rest runs on p' = p(y) / (1 - p(x_1)) for y != x_1,
@@ -176,22 +181,24 @@ def verify_tree(
     root -> 5 (row 0), node 0's row wants 9 = node 3, node 3's row says 6: token_ids [[5, 9, 6]],
     num_accepted [2], paths [[0, 3]].
     """
-    starts = _starts(logits, trees, t, generators)
+    starts = _starts(logits, trees, t, keys)
     fast = t.all_greedy and not t.need_penalties  # then only the raw logits' argmax matters
     p = apply_mask(logits, t) if fast else warp(logits, t)  # [R, vocab]
     greedy = [True] * len(p) if fast else t.greedy.tolist()  # [R]
     argmax = argmax_rows(p).tolist() if t.any_greedy else []  # [R] when some row is greedy
     walks = [
-        _walk(tree, p, s, greedy, argmax, g or default_generator)
-        for tree, s, g in zip(trees, starts, generators, strict=True)
+        _walk(tree, p, s, greedy, argmax, key, generator)
+        for tree, s, key in zip(trees, starts, keys, strict=True)
     ]
-    paths = [path for path, _, _ in walks]
-    if fast or not walks:
-        finals = [argmax[row] for _, row, _ in walks]
-    else:
-        flags = torch.tensor([greedy[row] for _, row, _ in walks], device=p.device)  # [N]
-        dists = torch.stack([dist for _, _, dist in walks])  # [N, vocab]
-        finals = sample(dists, generators, flags, default_generator).tolist()
+    paths = [walk.path for walk in walks]
+    finals = [walk.final for walk in walks]
+    drawn = [i for i, walk in enumerate(walks) if walk.final is None]  # rejection's last draws
+    if drawn:
+        flags = torch.tensor([greedy[walks[i].row] for i in drawn], device=p.device)  # [n]
+        dists = torch.stack([walks[i].dist for i in drawn])  # [n, vocab]
+        tokens = sample(dists, [None] * len(drawn), flags, generator).tolist()  # [n]
+        for i, token in zip(drawn, tokens, strict=True):
+            finals[i] = token
     token_ids = [
         [*(tree.token_ids[i] for i in path), final]
         for tree, path, final in zip(trees, paths, finals, strict=True)
@@ -203,7 +210,7 @@ def _starts(
     logits: torch.Tensor,
     trees: Sequence[DraftTree],
     t: SamplingTensors,
-    generators: Sequence[torch.Generator | None],
+    keys: Sequence[NoiseKey | None],
 ) -> list[int]:
     """The root row of each request, after checking that the shapes fit together."""
     starts, row = [], 0
@@ -215,8 +222,8 @@ def _starts(
             f"verify_tree needs {row} logits rows and sampling rows (num_nodes + 1 per tree), "
             f"got {logits.shape[0]} and {t.temperature.shape[0]}"
         )
-    if len(generators) != len(trees):
-        raise ValueError(f"need one generator per tree ({len(trees)}), got {len(generators)}")
+    if len(keys) != len(trees):
+        raise ValueError(f"need one noise key per tree ({len(trees)}), got {len(keys)}")
     vocab = logits.shape[1]
     if any(x >= vocab for tree in trees for x in tree.token_ids):
         raise ValueError(f"tree token ids must be below the vocabulary size {vocab}")
@@ -231,28 +238,44 @@ def _child_lists(tree: DraftTree) -> list[list[int]]:
     return kids
 
 
+@dataclass(slots=True)
+class _Walk:
+    """One request's way down its tree: the accepted nodes, the last one's row, and the final
+    token, or (final None) the distribution [vocab] it is still to be drawn from."""
+
+    path: list[int]
+    row: int
+    final: int | None
+    dist: torch.Tensor | None = None
+
+
 def _walk(
     tree: DraftTree,
     p: torch.Tensor,
     start: int,
     greedy: list[bool],
     argmax: list[int],
+    key: NoiseKey | None,
     generator: torch.Generator | None,
-) -> tuple[list[int], int, torch.Tensor]:
-    """(accepted nodes, the last one's row, the final token's distribution [vocab]: that row of
-    p when greedy) for one request; greedy rows follow their argmax, sampled rows reject
-    siblings recursively."""
+) -> _Walk:
+    """One request's walk: greedy rows follow their argmax, seeded rows their own token
+    (argmax(p / E) at the row's output position), other sampled rows reject siblings
+    recursively and leave the final draw to the caller."""
     kids, path, row = _child_lists(tree), [], start
     while True:
         children = kids[row - start]
-        if greedy[row]:
-            child = next((c for c in children if tree.token_ids[c] == argmax[row]), None)
-            dist = p[row]
+        token = argmax[row] if greedy[row] else None
+        if token is None and key is not None:  # the row's output position: root + depth
+            token = int(sample(p[row][None], [key.shifted(len(path))])[0])
+        if token is not None:
+            child = next((c for c in children if tree.token_ids[c] == token), None)
+            if child is None:
+                return _Walk(path, row, token)
         else:
             picked, dist = _accept_child(p[row], [tree.token_ids[c] for c in children], generator)
-            child = None if picked is None else children[picked]
-        if child is None:
-            return path, row, dist
+            if picked is None:
+                return _Walk(path, row, None, dist)
+            child = children[picked]
         path.append(child)
         row = start + 1 + child
 
