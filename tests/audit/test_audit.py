@@ -94,15 +94,17 @@ def test_sampling_exact(far_pair, prompts_file, tmp_path, capsys) -> None:
         assert p["threshold"] == pytest.approx(0.01 / 4)  # alpha / (2 prompts)
 
 
+@pytest.mark.parametrize("broken", ["rejection", "coupled"])
 def test_sampling_catches_a_verifier_that_emits_the_drafts(
-    far_pair, prompts_file, tmp_path, monkeypatch
+    far_pair, prompts_file, tmp_path, monkeypatch, broken: str
 ) -> None:
-    """Accepting every draft makes the second token follow q, not p (measured: p < 1e-80 and
-    TV above its bound on both prompts; the seeds are fixed, so this is deterministic). The
-    audit's requests are seeded, so they verify by coupling (docs/design.md, 3): both rules
-    are broken."""
-    monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
-    monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
+    """Accepting every draft makes the second token follow q, not p (the seeds are fixed, so
+    this is deterministic). Half the audit's requests are seeded (verified by coupling) and
+    half are not (rejection sampling, docs/design.md, 3): breaking either rule alone fails."""
+    if broken == "rejection":
+        monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
+    else:
+        monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
     code, report = verify(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
                           "--num-prompts", "2", "--samples", "800")  # fmt: skip
     assert code == 1 and report["verdict"] == "not exact"

@@ -67,15 +67,18 @@ def greedy_check(
 def draw_first_two(
     llm: LLM, prompt: list[int], params: SamplingParams, n: int, seed: int
 ) -> tuple[Counter[tuple[int, int]], int, Drafts]:
-    """n seeded speculative requests (seeds seed..seed+n-1), each stopped once it has its
-    first two tokens: their counts, how many second tokens were verified against drafts, and
-    the drafts. max_tokens leaves room for the full k at the second step (the scheduler
-    drafts at most max_tokens - 2 there; max_tokens=2 would draft nothing)."""
+    """n speculative requests, each stopped once it has its first two tokens: their counts,
+    how many second tokens were verified against drafts, and the drafts. Every other request
+    is seeded (seed + i: verified by coupling) and the rest draw from the engine's generator
+    (rejection sampling), so both verifiers are checked (docs/design.md, 3). max_tokens leaves
+    room for the full k at the second step (the scheduler drafts at most max_tokens - 2 there;
+    max_tokens=2 would draft nothing)."""
     engine = llm.engine
     spec = engine.config.speculative
     k = spec.num_speculative_tokens if spec is not None else 0
     params = replace(params, max_tokens=2 + k, ignore_eos=True)
-    requests = [engine.add_request(prompt, replace(params, seed=seed + i)) for i in range(n)]
+    requests = [engine.add_request(prompt, replace(params, seed=seed + i if i % 2 == 0 else None))
+                for i in range(n)]  # fmt: skip
     while engine.has_unfinished():
         for r in engine.step():
             if len(r.output_token_ids) >= 2 and not r.finished:

@@ -173,15 +173,18 @@ def _sample_request(
 def sample_requests(
     prompt: BenchPrompt, params: SamplingParams, n: int, seed: int, speculative: bool
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The requests that draw n samples of a prompt's first two tokens, seeds seed..seed+n-1
-    (the server seeds choice j of a request with its seed + j)."""
+    """The requests that draw n samples of a prompt's first two tokens: every other request
+    seeded (seed + its first sample's index; the server seeds choice j with its seed + j, and
+    verifies by coupling), the rest unseeded (rejection sampling), so both verifiers are
+    checked (docs/design.md, 3)."""
     route, body = _body(prompt)
     body |= {"temperature": params.temperature, "top_p": params.top_p, "ignore_eos": True,
              "max_tokens": SAMPLE_MAX_TOKENS, "return_token_ids": True,
              "speculative": speculative}  # fmt: skip
     if params.top_k > 0:
         body["top_k"] = params.top_k
-    return [(route, {**body, "n": min(MAX_N, n - start), "seed": seed + start})
+    return [(route, {**body, "n": min(MAX_N, n - start),
+                     **({"seed": seed + start} if start // MAX_N % 2 == 0 else {})})
             for start in range(0, n, MAX_N)]  # fmt: skip
 
 
