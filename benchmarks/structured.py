@@ -10,6 +10,7 @@ time of `GrammarMatcher.masks` for one row and for a verify step's rows, beside 
 
     python benchmarks/structured.py                      # the default model, speculative="auto"
     python benchmarks/structured.py --speculative ngram --k 8 --rounds 3
+    python benchmarks/structured.py --model qwen2.5-coder-1.5b-instruct --quantization a8
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model name or path (default: the default)")
     ap.add_argument("--speculative", default="auto", help='"auto" or a method (ngram, ...)')
     ap.add_argument("--k", type=int, default=None, help="drafts per step for a method")
+    ap.add_argument("--quantization", default=None, help='e.g. "a8" for a GGUF target')
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
@@ -130,8 +132,9 @@ def main() -> None:
         if args.k is not None:
             options["num_speculative_tokens"] = args.k
         spec = SpecConfig(**options)
-    llm = LLM(model=args.model, speculative=spec)
-    print(f"model {args.model or 'default'}, speculative {args.speculative}, {cpu()}")
+    llm = LLM(model=args.model, speculative=spec, quantization=args.quantization)
+    print(f"model {args.model or 'default'} ({args.quantization or 'as stored'}), speculative "
+          f"{args.speculative}, {cpu()}")  # fmt: skip
     rates: dict[str, list[float]] = {c: [] for c in ("plain", "spec", "plain+json", "spec+json")}
     valid = total = 0
     for _ in range(args.rounds):
