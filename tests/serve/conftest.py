@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from tests.helpers.chat import with_chat_template, with_tools_template
@@ -65,3 +66,9 @@ def tools_server(tools_pair: tuple[Path, Path]) -> Iterator[Server]:
     llm = speculative_llm(tools_pair)
     with Server(llm.engine, port=0, model_name="tiny-tools") as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def client(tools_server: Server) -> openai.OpenAI:
+    """The openai client of `tools_server` (a module's own `client` fixture overrides it)."""
+    return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="unused", max_retries=0)

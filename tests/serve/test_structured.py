@@ -14,7 +14,6 @@ import openai
 import pytest
 
 from verispec.api.sampling_params import StructuredOutputsParams as S
-from verispec.serve import Server
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
 from verispec.serve.structured import requested_constraint
@@ -100,11 +99,6 @@ def test_a_bad_constraint_is_a_400_naming_its_field(fields, param) -> None:
 
 
 # Through the openai client against a served model (the engine applies the constraint)
-
-
-@pytest.fixture(scope="module")
-def client(tools_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def chat(client: openai.OpenAI, **fields: Any) -> Any:

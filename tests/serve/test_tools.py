@@ -205,11 +205,6 @@ def test_the_call_grammar_with_an_answer_allows_calls_or_that_json(tokenizer) ->
 # Through the openai client against a served model (the engine applies the grammar)
 
 
-@pytest.fixture(scope="module")
-def client(tools_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def chat(client: openai.OpenAI, **fields: Any) -> Any:
     fields = {"messages": MESSAGES, "max_tokens": 300, **fields}
     return client.chat.completions.create(model="tiny-tools", **fields)
