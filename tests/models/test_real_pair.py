@@ -4,6 +4,7 @@ and with the 0.5B drafting, equal transformers' greedy decoding of the same GGUF
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -67,3 +68,47 @@ def test_every_drafter_keeps_the_a8_targets_greedy_output(speculative: object) -
         ids = prompt_token_ids(plain.tokenizer, WORKLOADS[workload].prompts(1)[0])
         want = plain.generate([ids], params)[0].token_ids
         assert drafted.generate([ids], params)[0].token_ids == want, workload
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}  # fmt: skip
+
+
+def test_tools_and_json_schema_through_the_server_on_the_real_pair() -> None:
+    """Qwen2.5's own template renders the tools; with tool_choice "required" (the Coder models
+    answer "auto" with a fenced JSON object instead of a <tool_call> block: docs/serving.md)
+    the a8 1.5B with its drafter calls the function, parsed into tool_calls; a JSON-schema
+    answer validates; both equal the same request with speculation off."""
+    import jsonschema
+    import openai
+
+    from verispec.serve import Server
+
+    llm = LLM(model=TARGET, speculative="auto", quantization="a8")
+    with Server(llm.engine, port=0, model_name=TARGET) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+        answers = [client.chat.completions.create(
+            model=TARGET, messages=messages, tools=[WEATHER], tool_choice="required",
+            temperature=0, max_tokens=64, extra_body={"speculative": on}) for on in (True, False)]
+        calls = [a.choices[0].message.tool_calls for a in answers]
+        assert calls[0] and calls[0][0].function.name == "get_weather"
+        assert "Paris" in calls[0][0].function.arguments
+        assert answers[0].choices[0].finish_reason == "tool_calls"
+        assert [c.function.arguments for c in calls[0]] == [c.function.arguments
+                                                           for c in calls[1] or []]
+        schema = {"type": "object", "additionalProperties": False,
+                  "required": ["language", "year"],
+                  "properties": {"language": {"type": "string"}, "year": {"type": "integer"}}}
+        fmt = {"type": "json_schema", "json_schema": {"name": "lang", "schema": schema,
+                                                      "strict": True}}
+        texts = [client.chat.completions.create(
+            model=TARGET, messages=[{"role": "user", "content": "Which language did Guido van "
+                                     "Rossum create, and in which year was it released?"}],
+            response_format=fmt, temperature=0, max_tokens=64,
+            extra_body={"speculative": on}).choices[0].message.content for on in (True, False)]
+        assert texts[0] == texts[1]
+        jsonschema.validate(json.loads(texts[0]), schema)

@@ -4,6 +4,7 @@ leaves the matcher where it was (drafts are rolled back exactly)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -113,3 +114,25 @@ def test_structured_outputs_takes_exactly_one_constraint() -> None:
 
 def test_matcher_type(compiler: GrammarCompiler) -> None:
     assert isinstance(compiler.matcher(StructuredOutputsParams(json_object=True)), GrammarMatcher)
+
+
+def test_an_added_text_token_is_text_to_the_grammar(tokenizer) -> None:
+    """An added token that is not special (Qwen2.5's <tool_call>) is its text: every token the
+    mask allows is one the matcher then takes (llguidance alone reads added tokens as special,
+    forced "<tool_call>" into that token, then refused it)."""
+    tok = copy.deepcopy(tokenizer)
+    tok.add_tokens(["<tool_call>"])  # not special, as in Qwen2.5's tokenizer
+    added = tok.convert_tokens_to_ids("<tool_call>")
+    compiler = GrammarCompiler(tok, len(tok), [1])
+    m = compiler.matcher(StructuredOutputsParams(grammar='start: "<tool_call>" "\\n" "ok"'))
+    emitted = []
+    while not m.matcher.is_stopped():
+        allowed = m.masks([[]])[0].nonzero().flatten().tolist()
+        assert allowed and all(m.valid_prefix([t]) == 1 for t in allowed), allowed
+        emitted.append(allowed[0])
+        m.advance(allowed[0])
+        if allowed == [1]:
+            break
+    assert tok.decode(emitted, skip_special_tokens=True) == "<tool_call>\nok"
+    assert m.valid_prefix([added]) == 0  # consumed already; from the start it is taken:
+    assert compiler.matcher(StructuredOutputsParams(regex="<tool_call>x")).valid_prefix([added])

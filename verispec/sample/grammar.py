@@ -15,12 +15,12 @@ drafter warp identically and the verified distribution is the constrained one
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import torch
 
 from verispec.api.sampling_params import StructuredOutputsParams
@@ -66,9 +66,16 @@ class GrammarCompiler:
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self.vocab_size = vocab_size
         """Width of a mask: the model's logits rows (a tokenizer may have fewer tokens)."""
-        self.tokenizer = llguidance.hf.from_tokenizer(
-            hf_tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids)
-        )
+        if getattr(hf_tokenizer, "backend_tokenizer", None) is None:
+            raise ValueError("structured output needs a fast (Rust) tokenizer; this model's "
+                             f"is a {type(hf_tokenizer).__name__}")  # fmt: skip
+        backend = copy.copy(hf_tokenizer.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        self.tokenizer = llguidance.LLTokenizer(
+            text_tokens_in_vocab(backend.to_str()), n_vocab=vocab_size,
+            eos_token=sorted(eos_token_ids),
+        )  # fmt: skip
 
     def matcher(self, spec: StructuredOutputsParams) -> GrammarMatcher:
         """A fresh matcher of `spec`; a ValueError says what is wrong with the constraint."""
@@ -78,6 +85,49 @@ class GrammarCompiler:
             raise ValueError(f"structured_outputs: {_kind(spec)} is invalid: {error.strip()}")
         return GrammarMatcher(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0),
                               self.vocab_size)  # fmt: skip
+
+
+def text_tokens_in_vocab(tokenizer_json: str) -> str:
+    """A byte-level BPE tokenizer's JSON with its added tokens that are text, not special
+    (Qwen2.5's `<tool_call>`), moved into the model's vocabulary.
+
+    llguidance reads every added token as a special one, whose bytes no grammar literal
+    matches, yet its forced-token step tokenizes a literal like "<tool_call>" into that very
+    token: the mask allowed a token the matcher then refused. As vocabulary entries their bytes
+    are their text, as the Hugging Face tokenizer decodes them. Other tokenizers are returned
+    unchanged.
+    """
+    spec = json.loads(tokenizer_json)
+    model, decoder = spec.get("model") or {}, spec.get("decoder") or {}
+    if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel":
+        return tokenizer_json
+    vocab, alphabet = model["vocab"], byte_alphabet()
+    special = []
+    for added in spec.get("added_tokens") or []:
+        key = "".join(alphabet[b] for b in added["content"].encode("utf-8"))
+        if added["special"] or vocab.get(key, added["id"]) != added["id"]:
+            special.append(added)
+        else:
+            vocab[key] = added["id"]
+    spec["added_tokens"] = special
+    return json.dumps(spec)
+
+
+def byte_alphabet() -> list[str]:
+    """Byte-level BPE's spelling of each byte (GPT-2's): printable Latin-1 bytes as themselves,
+    the other 68 as the code points from 256 up, in byte order.
+
+    >>> a = byte_alphabet(); a[ord("<")], a[ord(" ")], a[ord("\\n")]
+    ('<', 'Ġ', 'Ċ')
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, extra = [""] * 256, 256
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b], extra = chr(extra), extra + 1
+    return out
 
 
 def _kind(spec: StructuredOutputsParams) -> str:
