@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -21,15 +22,29 @@ DRAFT_NOISE = 0.03  # greedy acceptance about 0.6 at k = 4 (helpers/checkpoints.
 TOOLS_CONTEXT = 2048  # the tools' JSON in the system turn is a few hundred tokens of this BPE
 
 
+def make_pair(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, name: str, **config: Any
+) -> tuple[Path, Path]:
+    """(target dir, draft dir): a sharp tiny Llama with `tokenizer` (and config overrides), and
+    a perturbed copy as its draft."""
+    target = tmp_path_factory.mktemp(f"{name}-target")
+    draft = tmp_path_factory.mktemp(f"{name}-draft")
+    model = make_checkpoint(target, "llama", tokenizer, layer_scale=8.0, **config)
+    make_perturbed_copy(draft, model, tokenizer, DRAFT_NOISE)
+    return target, draft
+
+
+def serve(pair: tuple[Path, Path], model_name: str) -> Iterator[Server]:
+    """The pair's speculative target served on 127.0.0.1 at a free port, no API key."""
+    llm = speculative_llm(pair)
+    with Server(llm.engine, port=0, model_name=model_name) as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def chat_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
     """(target dir, draft dir): a sharp tiny Llama with a chat template and its draft."""
-    chat_tokenizer = with_chat_template(tokenizer)
-    target = tmp_path_factory.mktemp("serve-target")
-    draft = tmp_path_factory.mktemp("serve-draft")
-    model = make_checkpoint(target, "llama", chat_tokenizer, layer_scale=8.0)
-    make_perturbed_copy(draft, model, chat_tokenizer, DRAFT_NOISE)
-    return target, draft
+    return make_pair(tmp_path_factory, with_chat_template(tokenizer), "serve")
 
 
 @pytest.fixture(scope="session")
@@ -41,31 +56,20 @@ def reference(chat_pair: tuple[Path, Path]) -> LLM:
 @pytest.fixture(scope="module")
 def server(chat_pair: tuple[Path, Path]) -> Iterator[Server]:
     """The speculative target served on 127.0.0.1 at a free port, no API key."""
-    llm = speculative_llm(chat_pair)
-    with Server(llm.engine, port=0, model_name="tiny-chat") as s:
-        yield s
-
-
+    yield from serve(chat_pair, "tiny-chat")
 
 
 @pytest.fixture(scope="session")
 def tools_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
     """(target dir, draft dir) as chat_pair's, with TOOLS_TEMPLATE and a 2048-token context."""
-    tools_tokenizer = with_tools_template(tokenizer)
-    target = tmp_path_factory.mktemp("tools-target")
-    draft = tmp_path_factory.mktemp("tools-draft")
-    model = make_checkpoint(target, "llama", tools_tokenizer, layer_scale=8.0,
-                            max_position_embeddings=TOOLS_CONTEXT)  # fmt: skip
-    make_perturbed_copy(draft, model, tools_tokenizer, DRAFT_NOISE)
-    return target, draft
+    return make_pair(tmp_path_factory, with_tools_template(tokenizer), "tools",
+                     max_position_embeddings=TOOLS_CONTEXT)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tools_server(tools_pair: tuple[Path, Path]) -> Iterator[Server]:
     """The tools pair's speculative target served as "tiny-tools", no API key."""
-    llm = speculative_llm(tools_pair)
-    with Server(llm.engine, port=0, model_name="tiny-tools") as s:
-        yield s
+    yield from serve(tools_pair, "tiny-tools")
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ class ModelRunner:
         if any(s.draft_tree is not None for s in sampling):
             return self._verify_trees(logits, sampling)
         if all_greedy([s.request for s in sampling]) and not any(
-            s.request.grammar for s in sampling
+            s.request.grammar is not None for s in sampling
         ):
             return verify_greedy(logits, [s.draft_token_ids for s in sampling])  # no tensors
         rows = [

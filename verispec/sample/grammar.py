@@ -165,11 +165,9 @@ class GrammarMatcher:
                 m.rollback(len(consumed) - common)
                 del consumed[common:]
             rest = list(history[common:])
-            ok = m.validate_tokens(rest) == len(rest) if rest else True
-            if ok and rest:
-                m.consume_tokens(rest)
-                consumed.extend(rest)
-            if ok:
+            taken = m.try_consume_tokens(rest) if rest else 0  # stops at a forbidden token
+            consumed.extend(rest[:taken])
+            if taken == len(rest):
                 v = words[row]
                 m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
             else:
