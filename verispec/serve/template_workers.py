@@ -79,6 +79,11 @@ class TemplateWorkers:
         self._idle: asyncio.Queue[_Worker] | None = None
         self._starting: set[asyncio.Task[None]] = set()
 
+    @property
+    def num_idle(self) -> int:
+        """Workers ready for a request now."""
+        return 0 if self._idle is None else self._idle.qsize()
+
     async def start(self) -> None:
         """Start every worker and wait until they are ready (a worker that cannot start, say
         without transformers, fails the server's start with its error)."""
