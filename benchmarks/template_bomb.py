@@ -1,6 +1,6 @@
 """Hostile chat templates against `verispec serve` (issue 45): the probe's two templates sent in
 chat_template_kwargs, the server's resident memory before and after, and a plain chat's time
-alone and beside six of the CPU-bound template at once.
+alone and beside six clients sending the CPU-bound template over and over.
 
     python benchmarks/template_bomb.py                  # the default model, a default server
     python benchmarks/template_bomb.py --trust          # --trust-request-chat-template on
@@ -87,18 +87,25 @@ def memory_line(pid: int) -> str:
 
 
 def beside_bombs(url: str, count: int) -> tuple[float, list[tuple[int, float, str]]]:
-    """A plain chat's seconds, sent 0.2 s after `count` CPU templates, and their answers."""
+    """A plain chat's seconds while `count` clients send the CPU template again and again (from
+    0.2 s before the chat until it is answered), and their answers."""
     bombs: list[tuple[int, float, str]] = []
-    threads = [threading.Thread(target=lambda: bombs.append(post(url, with_template(CPU_TEMPLATE))))
-               for _ in range(count)]  # fmt: skip
+    done = threading.Event()
+
+    def hammer() -> None:
+        while not done.is_set():
+            bombs.append(post(url, with_template(CPU_TEMPLATE)))
+
+    threads = [threading.Thread(target=hammer) for _ in range(count)]
     for t in threads:
         t.start()
     time.sleep(0.2)
     status, seconds, answer = post(url, CHAT)
-    if status != 200:
-        raise SystemExit(f"the plain chat failed: {status} {answer}")
+    done.set()
     for t in threads:
         t.join()
+    if status != 200:
+        raise SystemExit(f"the plain chat failed: {status} {answer}")
     return seconds, bombs
 
 
@@ -142,8 +149,10 @@ def main() -> None:
         for _ in range(args.rounds):
             seconds, bombs = beside_bombs(url, 6)
             beside.append(seconds)
-            print("six CPU templates: " + ", ".join(f"{s} in {t * 1000:.0f} ms"
-                                                     for s, t, _ in sorted(bombs)))  # fmt: skip
+            statuses = sorted({s for s, _, _ in bombs})
+            times = [t * 1000 for _, t, _ in bombs]
+            print(f"six clients sent {len(bombs)} CPU templates meanwhile: HTTP {statuses}, "
+                  f"median {statistics.median(times):.0f} ms, max {max(times):.0f} ms")
         print(f"plain chat alone: {', '.join(f'{s:.2f}' for s in alone)} s "
               f"(median {statistics.median(alone):.2f})")
         print(f"plain chat beside six CPU templates: {', '.join(f'{s:.2f}' for s in beside)} s "
