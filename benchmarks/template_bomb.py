@@ -86,14 +86,17 @@ def memory_line(pid: int) -> str:
     return f"server RSS {rss:.0f} MB (peak {peak:.0f} MB){extra}"
 
 
-def beside_bombs(url: str, count: int) -> tuple[float, list[tuple[int, float, str]]]:
-    """A plain chat's seconds while `count` clients send the CPU template again and again (from
-    0.2 s before the chat until it is answered), and their answers."""
+def beside_bombs(
+    url: str, count: int, again: bool
+) -> tuple[float, list[tuple[int, float, str]]]:
+    """A plain chat's seconds beside `count` clients each sending the CPU template once, or
+    (again) over and over until the chat is answered, from 0.2 s before it; and their answers."""
     bombs: list[tuple[int, float, str]] = []
     done = threading.Event()
 
     def hammer() -> None:
-        while not done.is_set():
+        bombs.append(post(url, with_template(CPU_TEMPLATE)))
+        while again and not done.is_set():
             bombs.append(post(url, with_template(CPU_TEMPLATE)))
 
     threads = [threading.Thread(target=hammer) for _ in range(count)]
@@ -107,6 +110,10 @@ def beside_bombs(url: str, count: int) -> tuple[float, list[tuple[int, float, st
     if status != 200:
         raise SystemExit(f"the plain chat failed: {status} {answer}")
     return seconds, bombs
+
+
+def seconds_line(seconds: list[float]) -> str:
+    return f"{', '.join(f'{s:.2f}' for s in seconds)} s (median {statistics.median(seconds):.2f})"
 
 
 def main() -> None:
@@ -145,18 +152,17 @@ def main() -> None:
                 print(f"{name} template: HTTP {status} in {seconds * 1000:.0f} ms: {answer}")
             print(f"after the {name} template: {memory_line(server.pid)}")
         alone = [post(url, CHAT)[1] for _ in range(args.rounds)]
-        beside = []
-        for _ in range(args.rounds):
-            seconds, bombs = beside_bombs(url, 6)
-            beside.append(seconds)
-            statuses = sorted({s for s, _, _ in bombs})
-            times = [t * 1000 for _, t, _ in bombs]
-            print(f"six clients sent {len(bombs)} CPU templates meanwhile: HTTP {statuses}, "
-                  f"median {statistics.median(times):.0f} ms, max {max(times):.0f} ms")
-        print(f"plain chat alone: {', '.join(f'{s:.2f}' for s in alone)} s "
-              f"(median {statistics.median(alone):.2f})")
-        print(f"plain chat beside six CPU templates: {', '.join(f'{s:.2f}' for s in beside)} s "
-              f"(median {statistics.median(beside):.2f})")
+        print(f"plain chat alone: {seconds_line(alone)}")
+        for again, name in ((False, "six at once"), (True, "six clients sending again")):
+            beside = []
+            for _ in range(args.rounds):
+                seconds, bombs = beside_bombs(url, 6, again)
+                beside.append(seconds)
+                statuses = sorted({s for s, _, _ in bombs})
+                times = [t * 1000 for _, t, _ in bombs]
+                print(f"  {name}: {len(bombs)} CPU templates answered HTTP {statuses}, median "
+                      f"{statistics.median(times):.0f} ms, max {max(times):.0f} ms")
+            print(f"plain chat beside {name}: {seconds_line(beside)}")
         print(f"at the end: {memory_line(server.pid)}")
     finally:
         server.terminate()

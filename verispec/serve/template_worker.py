@@ -3,10 +3,10 @@
 
 The worker runs this file by path (`python -P template_worker.py MEMORY_BYTES`), never through
 the package: importing verispec would load torch and the engine into a process whose only job
-is Jinja (the server imports it for the frame format only). It caps its own address space at
-what it holds after its imports plus MEMORY_BYTES (the kernel then refuses a template's larger
-allocation: a MemoryError here, not an out-of-memory kill of the server), lowers its CPU
-priority below the server's, says it is ready, and then answers one request at a time on
+is Jinja (the server imports it for the frame format only). It lowers its CPU priority below the
+server's, caps its own address space at what it holds after its imports plus MEMORY_BYTES (the
+kernel then refuses a template's larger allocation: a MemoryError here, not an out-of-memory
+kill of the server), says it is ready, and then answers one request at a time on
 stdin/stdout. A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON. A
 request is {"template", "messages", "tools", "variables", "max_bytes"}; the answer is {"text"},
 {"too_large": bytes} (the text is not sent), {"error": message} or {"out_of_memory": true},
@@ -85,10 +85,10 @@ def render(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    os.nice(NICENESS)  # first: a worker that replaces a killed one imports at this priority
     import transformers.utils.chat_template_utils  # noqa: F401 (loaded before the cap)
 
     limit_memory(int(sys.argv[1]))
-    os.nice(NICENESS)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     write_frame(stdout, {"ready": True})
     while (request := read_frame(stdin)) is not None:
