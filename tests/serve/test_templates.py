@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import pytest
 
 from tests.helpers.serving import assert_error, call, wait_until
 from verispec import LLM
-from verispec.serve import Server, ServerLimits
+from verispec.serve import Server, ServerLimits, prompts
+from verispec.serve.errors import APIError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,6 +200,31 @@ def test_a_client_that_leaves_stops_its_template(
     sock.close()
     wait_until(lambda: len(before - pids(trusting)) == 1, timeout=20)
     ready(trusting)
+
+
+def test_a_client_that_leaves_during_the_model_template_is_not_tokenized(
+    trusting: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's template renders in a thread, which runs on; once it is done, the text of a
+    client that left is not tokenized."""
+    real = prompts._own_template_prompt
+    entered = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def slow(state: Any, conversation: Any, kwargs: Any, cap: int, gone: Any) -> Any:
+        entered.set()
+        noticed = gone.wait(30)
+        try:
+            outcome.append((noticed, real(state, conversation, kwargs, cap, gone)))
+        except APIError as e:
+            outcome.append((noticed, e.message))
+
+    monkeypatch.setattr(prompts, "_own_template_prompt", slow)
+    sock = send_raw(trusting.url, chat())
+    assert entered.wait(30)
+    sock.close()
+    wait_until(lambda: bool(outcome), timeout=40)
+    assert outcome == [(True, "the client disconnected before its prompt was tokenized")]
 
 
 def test_six_slow_templates_do_not_hold_up_a_plain_chat(
