@@ -32,9 +32,10 @@ needs_kernel = pytest.mark.skipif(
 
 
 def kernels() -> list[NativeKernel]:
-    """The loaded kernel on every instruction set this CPU can run (AVX-512 CPUs run both)."""
+    """The loaded kernel on every instruction set and 8-bit dot product this CPU can run
+    (NativeKernel.paths: AVX-512 CPUs run AVX2 too, every CPU the 8-bit products' scalar loop)."""
     assert isinstance(KERNEL, NativeKernel)
-    return [NativeKernel(KERNEL.lib, isa) for isa in range(1, KERNEL.isa + 1)]
+    return KERNEL.paths()
 
 
 def test_pack_worked_example() -> None:
