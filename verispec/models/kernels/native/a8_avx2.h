@@ -96,11 +96,14 @@ A8_TARGET INLINE void A8(half_scales)(const char *sb, int64_t c, const int h, __
   }
 }
 
-/* x's codes 4 k .. 4 k + 3 of a row (q: its chunk's 32) in every 32-bit lane. */
+/* x's codes 4 k .. 4 k + 3 of a row (q: its chunk's 32) in every 32-bit lane, broadcast from
+ * memory where it is used: written as a volatile asm so that the compiler neither merges the
+ * two halves' broadcasts nor keeps them on the stack (which spilled 64 of them a chunk in
+ * tiles of 8 rows and ran at a third of vpmaddubsw's rate). */
 A8_TARGET INLINE __m256i A8(codes4)(const int8_t *q, const int k) {
-  int32_t a;
-  __builtin_memcpy(&a, q + 4 * k, 4);
-  return _mm256_set1_epi32(a);
+  __m256i v;
+  __asm__ volatile("vpbroadcastd %1, %0" : "=x"(v) : "m"(*(const int32_t *)(q + 4 * k)));
+  return v;
 }
 
 #if A8_DOT == VERISPEC_DOT_AVX_VNNI
