@@ -317,7 +317,7 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
             got = product.product_on(kernel, x[:rows], nibbles, bias)
             want = product.product_on(kernel, x[:rows], bytes_each, bias)
-            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.dot_name, rows)
 
 
 @needs_kernel
@@ -381,7 +381,7 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
             got = product.product_on(kernel, x[:rows], full, bias)
             want = product.product_on(kernel, x[:rows], half, bias)
-            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.dot_name, rows)
 
 
 @needs_kernel
