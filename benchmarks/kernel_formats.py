@@ -63,6 +63,17 @@ def label(kernel: NativeKernel) -> str:
     return kernel.isa_name if kernel.isa == 0 else f"{kernel.isa_name} {kernel.dot_name}"
 
 
+def products(kernel: NativeKernel, weights: list[PackedWeight], rows: int) -> Callable[[], None]:
+    """One product of rows random rows with each of weights, on kernel."""
+    xs = {w.columns: torch.randn(rows, w.columns) for w in weights}
+
+    def run() -> None:
+        for w in weights:
+            product_on(kernel, xs[w.columns], w, None)
+
+    return run
+
+
 def median_times(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
     """Each run's median seconds, the runs interleaved: each repeat times every run once."""
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -100,14 +111,12 @@ def main() -> None:
         # the float-input formats run the same code whatever the dot product: one path an isa
         chosen = paths if a8 else [k for k in paths
                                    if k.dot == kernel.lib.verispec_linear_dot(k.isa)]
+        weights = [w for w, _ in group]
+        twins = [t for _, t in group if t is not None]
         for rows in (1, args.rows):
-            xs = {w.columns: torch.randn(rows, w.columns) for w, _ in group}
-            runs = {label(k): (lambda k=k: [product_on(k, xs[w.columns], w, None)
-                                            for w, _ in group]) for k in chosen}  # fmt: skip
-            twins = [t for _, t in group if t is not None]
+            runs = {label(k): products(k, weights, rows) for k in chosen}
             if twins:
-                ts = {t.columns: torch.randn(rows, t.columns) for t in twins}
-                runs["float"] = lambda: [product_on(kernel, ts[t.columns], t, None) for t in twins]
+                runs["float"] = products(kernel, twins, rows)
             medians = median_times(runs, args.repeats)
             cells = " | ".join(f"{medians[n] * 1e3:.2f}" if n in medians else "" for n in names)
             own = medians[label(kernel)]
