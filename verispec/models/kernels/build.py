@@ -25,6 +25,8 @@ from verispec.paths import cache_dir
 
 HEADER = Path(__file__).with_name("native") / "verispec.h"
 """The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
+INCLUDED = (HEADER, HEADER.with_name("a8_avx2.h"))
+"""The headers the sources include (hashed with them: linear.c includes a8_avx2.h twice)."""
 SOURCES = tuple(Path(__file__).with_name("native") / name
                 for name in ("linear.c", "layer.c", "blocks.c"))  # fmt: skip
 """Built together into one library: the products (linear.c), the decoder layer's other work
@@ -33,23 +35,52 @@ SOURCES = tuple(Path(__file__).with_name("native") / name
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)
 
-_ISA_NAMES = {1: "avx2", 2: "avx512"}
+ISA_NAMES = {"portable": 0, "avx2": 1, "avx512": 2}
+"""VERISPEC_ISA's values: the widest instruction sets the kernels may use (verispec.h's isa)."""
+DOT_NAMES = ("scalar", "maddubs", "avx-vnni", "vnni")
+"""The 8-bit products' integer dot products by verispec.h's VERISPEC_DOT_* number: the portable
+loop, AVX2's vpmaddubsw, AVX-VNNI's and AVX-512 VNNI's vpdpbusd."""
 log = logging.getLogger("verispec")
 
 
 @dataclass(frozen=True)
 class NativeKernel:
-    """The loaded library and the instruction set it runs with on this CPU."""
+    """The loaded library and the instruction sets it runs with on this CPU (capped by
+    VERISPEC_ISA)."""
 
     lib: ctypes.CDLL
     isa: int
-    """2 = AVX-512, 1 = AVX2 + F16C + FMA."""
-    vnni: bool = False
-    """8-bit products ("a8", "w8a8") run on AVX-512 VNNI here, not the portable loop."""
+    """2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = portable C."""
+    dot: int = 0
+    """The integer dot product of the 8-bit products ("a8", "w8a8", "w4a8"), a DOT_NAMES index:
+    3 = AVX-512 VNNI, 2 = AVX-VNNI, 1 = AVX2's vpmaddubsw, 0 = the scalar loop. Every one gives
+    the same bits."""
 
     @property
     def isa_name(self) -> str:
-        return _ISA_NAMES[self.isa]
+        return next(name for name, isa in ISA_NAMES.items() if isa == self.isa)
+
+    @property
+    def dot_name(self) -> str:
+        return DOT_NAMES[self.dot]
+
+    @property
+    def vnni(self) -> bool:
+        """The 8-bit products run on AVX-512 VNNI here."""
+        return self.dot == 3
+
+    @property
+    def isa_arg(self) -> int:
+        """The isa argument of the library's entry points: the instruction sets, and the dot
+        product in bits 2-3 (verispec.h)."""
+        return self.isa | self.dot << 2
+
+    def paths(self) -> list[NativeKernel]:
+        """This kernel on every instruction set and dot product it can narrow to, narrowest
+        first (this one last): the paths whose products tests and benchmarks compare."""
+        return [NativeKernel(self.lib, isa, dot) for isa in range(self.isa + 1)
+                for dot in range(self.lib.verispec_linear_dot(isa) + 1)
+                if (dot == 0) == (isa == 0) and (isa, dot) <= (self.isa, self.dot)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,7 +99,7 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where the built library is cached: named by a hash of the source, flags and compiler."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, HEADER)))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *INCLUDED)))
     key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
     return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
 
@@ -93,19 +124,30 @@ def native_kernel() -> NativeKernel | NativeUnavailable:
     as a warning: linear layers then run torch's kernels, slower on Intel CPUs).
 
     Set VERISPEC_NATIVE_LINEAR=0 to turn it off (linear_backend="auto" then picks among torch's
-    kernels as before).
+    kernels as before), VERISPEC_ISA to cap its instruction sets (isa_cap).
     """
     if os.environ.get("VERISPEC_NATIVE_LINEAR", "1") == "0":
         return NativeUnavailable("turned off by VERISPEC_NATIVE_LINEAR=0")
-    result = _load()
+    result = _load(isa_cap())
     if isinstance(result, NativeUnavailable):
         log.warning("the native linear kernel cannot run here (%s); using torch's kernels",
                     result.reason)  # fmt: skip
     return result
 
 
-def _load() -> NativeKernel | NativeUnavailable:
-    """Build (when not cached) and load the library, and check the CPU."""
+def isa_cap() -> int:
+    """The widest instruction sets VERISPEC_ISA lets the kernels use (ISA_NAMES; unset: all).
+    The kernel's isa is the smaller of the CPU's and this, its dot product the widest the CPU
+    has at that isa; "portable" (0) runs the portable code. Example: VERISPEC_ISA=avx2 on an
+    AVX-512 VNNI CPU runs the AVX2 products, the 8-bit ones on AVX-VNNI where the CPU has it."""
+    name = os.environ.get("VERISPEC_ISA", "avx512")
+    if name not in ISA_NAMES:
+        raise ValueError(f"VERISPEC_ISA must be one of {', '.join(ISA_NAMES)}; got {name!r}")
+    return ISA_NAMES[name]
+
+
+def _load(cap: int = 2) -> NativeKernel | NativeUnavailable:
+    """Build (when not cached) and load the library, check the CPU, and cap its isa at cap."""
     compiler = _compiler()
     if compiler is None:
         return NativeUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
@@ -129,10 +171,11 @@ def _load() -> NativeKernel | NativeUnavailable:
                 f"expects {ffi.ABI_VERSION} (native/verispec.h and ffi.py disagree)"
             )
     isa = lib.verispec_linear_isa()
-    if isa not in _ISA_NAMES:
+    if isa not in (1, 2):
         return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
     ffi.declare(lib)
-    return NativeKernel(lib, isa, isa == 2 and bool(lib.verispec_linear_vnni()))
+    isa = min(isa, cap)
+    return NativeKernel(lib, isa, lib.verispec_linear_dot(isa))
 
 
 def loaded() -> NativeKernel:

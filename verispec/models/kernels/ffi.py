@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -37,12 +37,15 @@ class WeightFormat(IntEnum):
 
 
 def declare(lib: ctypes.CDLL) -> None:
-    """Argument and result types of the library's entry points: linear.c's product, blocks.c's
-    decoding and packing, and layer.c's (`_declare_layer_functions`)."""
+    """Argument and result types of the library's entry points: linear.c's product and its
+    dot product's query, blocks.c's decoding and packing, and layer.c's
+    (`_declare_layer_functions`)."""
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
                                     size, ctypes.c_int]  # fmt: skip
     lib.verispec_linear.restype = None
+    lib.verispec_linear_dot.argtypes = [ctypes.c_int]
+    lib.verispec_linear_dot.restype = ctypes.c_int
     lib.verispec_block_codes.argtypes = [ctypes.c_int, *[pointer] * 1, size, *[pointer] * 3,
                                          ctypes.c_int]  # fmt: skip
     lib.verispec_block_codes.restype = ctypes.c_int
