@@ -1383,6 +1383,10 @@ static int q8_mode(int format) {
 
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
+  if (isa == 0) { /* neither AVX2 nor AVX-512 here (or asked for): portable.c's plain C */
+    verispec_linear_portable(format, x, w, scales, bias, y, T, N, K, threads);
+    return;
+  }
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
     switch (format) {
