@@ -183,7 +183,8 @@ static const float *float_chunk(const int format, const void *w, const void *sca
   }
   if (format == VERISPEC_Q4_SUPER_DM)
     super_dm((const uint8_t *)scales + b * supers * SUPER_BYTES, c, d[0], m[0]);
-  if (format == VERISPEC_Q6_SUPER_D) q6_d((const uint8_t *)scales + b * supers * Q6_SUPER_BYTES, c, d);
+  if (format == VERISPEC_Q6_SUPER_D)
+    q6_d((const uint8_t *)scales + b * supers * Q6_SUPER_BYTES, c, d);
   const int halves = format == VERISPEC_Q8_F32_DM_HALVES || format == VERISPEC_Q8_F32_D_HALVES ||
                      format == VERISPEC_Q6_SUPER_D;
   if (!halves)
@@ -239,14 +240,16 @@ static void float_tile(const int format, const float *x, const void *w, const vo
       }
       for (int h = 0; h < width / R; h++)
         for (int j = 0; j < R; j++)
-          for (int l = 0; l < R; l++) a[R * j + l] = a[R * j + l] + wc[j * width + R * h + l] * xc[R * h + l];
+          for (int l = 0; l < R; l++)
+            a[R * j + l] = a[R * j + l] + wc[j * width + R * h + l] * xc[R * h + l];
     }
   }
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   for (int64_t i = 0; i < n; i++)
     for (int j = 0; j < rows; j++) {
       float s[8]; /* the 16 lanes summed by halves */
-      for (int l = 0; l < 8; l++) s[l] = acc[i][lane_at(nibbles, j, l)] + acc[i][lane_at(nibbles, j, l + 8)];
+      for (int l = 0; l < 8; l++)
+        s[l] = acc[i][lane_at(nibbles, j, l)] + acc[i][lane_at(nibbles, j, l + 8)];
       for (int l = 0; l < 4; l++) s[l] = s[l] + s[l + 4];
       for (int l = 0; l < 2; l++) s[l] = s[l] + s[l + 2];
       const float sum = s[0] + s[1];
@@ -261,7 +264,8 @@ static void linear_float(const int format, const float *x, const void *w, const 
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++)
     for (int64_t t = 0; t < T; t += TILE_ROWS)
-      float_tile(format, x, w, scales, bias, y, N, K, b, t, T - t < TILE_ROWS ? T - t : TILE_ROWS);
+      float_tile(format, x, w, scales, bias, y, N, K, b, t,
+                 T - t < TILE_ROWS ? T - t : TILE_ROWS);
 }
 
 /* --------------------------------------------------------- 8-bit-input kinds ("a8") */
