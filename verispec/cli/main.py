@@ -318,6 +318,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
+    from verispec.models.kernels.quantization import numerics_name
     from verispec.serve import Server
     from verispec.serve.middleware import check_origins
 
@@ -343,8 +344,8 @@ def _serve(args: argparse.Namespace) -> int:
     caching = "on" if engine.prefix_cache is not None else "off"
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
-          f"{caching}; kernels: {_kernel_line(engine.model.kernels())}", file=sys.stderr,
-          flush=True)  # fmt: skip
+          f"{caching}; numerics: {numerics_name(engine.config.quantization)}; kernels: "
+          f"{_kernel_line(engine.model.kernels())}", file=sys.stderr, flush=True)  # fmt: skip
     server.run()
     return 0
 
@@ -390,6 +391,8 @@ def _kernel_line(kernels: dict[str, str]) -> str:
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
+    from verispec.models.kernels.quantization import numerics_name
+
     params = sampling_params(args)
     llm = load_llm(args)
     engine = llm.engine
@@ -411,7 +414,8 @@ def _generate(args: argparse.Namespace) -> int:
         "draft": spec.model if spec else None,
         "batch_invariant": args.batch_invariant,
         "compile": args.compile,
-        "quantization": args.quantization,
+        "quantization": engine.config.quantization,
+        "numerics": numerics_name(engine.config.quantization),
         "draft_quantization": spec.quantization if spec else None,
         "speculative": dataclasses.asdict(spec) if spec else None,
         "kernels": engine.model.kernels(),
