@@ -43,8 +43,10 @@ def hf_model(smollm2_path: Path) -> PreTrainedModel:
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path: Path) -> LLM:
-    """verispec's engine on the GGUF file, plain decoding."""
-    return LLM(model=str(smollm2_path), speculative=None, linear_backend=BACKEND)
+    """verispec's engine on the GGUF file, plain decoding with exact float inputs (as
+    transformers computes the dequantized weights)."""
+    return LLM(model=str(smollm2_path), speculative=None, linear_backend=BACKEND,
+               quantization=None)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,8 @@ def test_ngram_speculation_keeps_the_greedy_output(
     params = SamplingParams(temperature=0, max_tokens=SPEC_TOKENS, ignore_eos=True)
     spec = SpecConfig(method="ngram", num_speculative_tokens=4)
     plain = llm.generate(prompts, params)
-    spec_llm = LLM(model=str(smollm2_path), speculative=spec, linear_backend=BACKEND)
+    spec_llm = LLM(model=str(smollm2_path), speculative=spec, linear_backend=BACKEND,
+                   quantization=None)
     speculative = spec_llm.generate(prompts, params)
     for a, b in zip(plain, speculative, strict=True):
         assert len(a.token_ids) == SPEC_TOKENS
@@ -112,8 +115,8 @@ def test_shipped_eagle_head_keeps_the_greedy_output_and_drafts_well(
     prompts = [chat_ids(hf_tokenizer, q) for q in SPEC_QUESTIONS]
     params = SamplingParams(temperature=0, max_tokens=SPEC_TOKENS, ignore_eos=True)
     plain = llm.generate(prompts, params)
-    speculative = LLM(model=str(smollm2_path), speculative=spec,
-                      linear_backend=BACKEND).generate(prompts, params)  # fmt: skip
+    speculative = LLM(model=str(smollm2_path), speculative=spec, linear_backend=BACKEND,
+                      quantization=None).generate(prompts, params)  # fmt: skip
     for a, b in zip(plain, speculative, strict=True):
         assert b.token_ids == a.token_ids
     assert speculative[1].metrics.mean_acceptance_length > 2.2

@@ -15,7 +15,6 @@ from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.engine.stats import SpecStats
 from verispec.models.kernels.quantization import (
-    AUTO_NUMERICS,
     DRAFT_FLAG_VALUES,
     FLAG_VALUES,
     from_draft_flag,
@@ -50,11 +49,11 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
     cmd.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
     cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     cmd.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
-    cmd.add_argument("--quantization", choices=FLAG_VALUES, default=AUTO_NUMERICS,
-                     help="the model's numerics: auto (a8 for a quantized GGUF file on the CPU, "
-                     "else none), none (exact float inputs), or round the weights (and with "
-                     "a8/w8a8/w4a8 each product's input) at load; output follows the model "
-                     "that runs")  # fmt: skip
+    cmd.add_argument("--quantization", choices=FLAG_VALUES, default="none",
+                     help="the model's numerics: none (exact float inputs, the default), "
+                     "auto (a8 for a quantized GGUF file on the CPU, else none), or round the "
+                     "weights (and with a8/w8a8/w4a8 each product's input) at load; output "
+                     "follows the model that runs")  # fmt: skip
     spec = cmd.add_argument_group(
         "speculative decoding (default: a named model's own drafter, else off)"
     )

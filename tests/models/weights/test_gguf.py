@@ -99,7 +99,8 @@ def test_greedy_tokens_match_transformers(case: Case) -> None:
         input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
         max_new_tokens=NEW_TOKENS, eos_token_id=None,
     )[0, len(prompt):].tolist()  # fmt: skip
-    llm = LLM(model=str(case.path), speculative=None, max_model_len=64)
+    # exact float inputs: transformers computes the dequantized weights in float32
+    llm = LLM(model=str(case.path), speculative=None, max_model_len=64, quantization=None)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     [output] = llm.generate([prompt], params)
     assert output.token_ids == expected

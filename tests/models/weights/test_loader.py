@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from tests.helpers.checkpoints import make_checkpoint
 from tests.helpers.harness import Runner, native_model, random_ids
+from verispec import LLM
 from verispec.models.kernels.backends import choose_backend
 from verispec.models.weights.loader import load_model, resolve_dtype, resolve_model_path
 
@@ -215,3 +217,29 @@ def test_missing_tokenizer_is_named_before_loading(llama_checkpoint, tmp_path, r
     with pytest.raises(ValueError, match=r"has no tokenizer: missing tokenizer\.json") as error:
         resolve_model_path(path)
     assert ("tokenizer_config.json" in str(error.value)) == ("tokenizer_config.json" in removed)
+
+
+def test_auto_numerics_are_a8_for_quantized_gguf_files_only(
+    tmp_path: Path, tokenizer, smollm2_path: Path
+) -> None:
+    """quantization "auto": a GGUF file of quantized blocks (the default model's Q4_1) runs a8
+    on the CPU; a float checkpoint, the same file on another dtype, and an explicit None keep
+    exact float inputs; the engine's config and the settings say what ran."""
+    from verispec.models.kernels.backends import native_usable
+    from verispec.models.kernels.quantization import numerics_name
+    from verispec.models.weights.loader import resolve_quantization
+
+    cpu = torch.device("cpu")
+    make_checkpoint(tmp_path / "hf", "llama", tokenizer)
+    source = tmp_path / "hf"
+    expected = "a8" if native_usable() else None
+    assert resolve_quantization("auto", smollm2_path, cpu, torch.float32) == expected
+    assert resolve_quantization("auto", smollm2_path, cpu, torch.bfloat16) is None
+    assert resolve_quantization("auto", smollm2_path, cpu, torch.float32, compile=True) is None
+    assert resolve_quantization("auto", source, cpu, torch.float32) is None
+    assert resolve_quantization(None, smollm2_path, cpu, torch.float32) is None
+    assert resolve_quantization("w8a8", source, cpu, torch.float32) == "w8a8"
+    llm = LLM(model=str(source), speculative=None, quantization="auto", max_model_len=64)
+    assert llm.engine.config.quantization is None
+    assert numerics_name(None) == "exact float inputs"
+    assert numerics_name("a8").startswith("a8")

@@ -24,7 +24,8 @@ Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
 AUTO_NUMERICS = "auto"
-"""EngineConfig.quantization "auto" (the default): "a8" for a GGUF file whose linear weights are
+"""EngineConfig.quantization "auto" (opt-in; the default stays None until the AVX2 figures say
+a8 pays everywhere): "a8" for a GGUF file whose linear weights are
 quantized blocks, run on a float32 CPU model by the native kernel (llama.cpp's own numerics,
 the same bits on every instruction-set path), else None (exact float inputs; safetensors
 checkpoints always). loader.resolve_quantization decides."""
@@ -32,8 +33,8 @@ checkpoints always). loader.resolve_quantization decides."""
 AUTO_DRAFT = "auto"
 """SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
 "w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
-products run on a SIMD dot product (a draft need not be exact, and its steps then cost much
-less: benchmarks/README.md), else as stored; heads as stored."""
+products run on AVX-512 VNNI (a draft need not be exact, and its steps then cost much less:
+benchmarks/README.md), else as stored; heads as stored."""
 
 
 DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
@@ -55,10 +56,9 @@ def draft_quantization(
     """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT `rounding`
     (one of ACTIVATION_QUANTIZATIONS: "w8a8" unless the draft's catalog entry names another)
     on a float32 CPU model with the native backend available ("auto" or "native"), not
-    compiled, where the kernel's 8-bit products run on a SIMD dot product (AVX-512 VNNI,
-    AVX-VNNI or AVX2), else None. Example: ("auto", "auto", cpu, float32, False) -> "w8a8" on
-    an AVX2 or AVX-512 CPU, None on the portable path (its scalar 8-bit loop would make the
-    draft slower, not faster)."""
+    compiled, where the kernel's 8-bit products run on AVX-512 VNNI, else None (their AVX2
+    tiles are new and not yet measured to pay for a draft). Example: ("auto", "auto", cpu,
+    float32, False) -> "w8a8" on a Zen 4 or Ice Lake, None on a Zen 3."""
     if requested != AUTO_DRAFT:
         return requested
     if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
@@ -66,7 +66,7 @@ def draft_quantization(
     if compile:
         return None
     kernel = build.native_kernel()
-    return rounding if isinstance(kernel, build.NativeKernel) and kernel.dot > 0 else None
+    return rounding if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
 
 
 def numerics_name(quantization: str | None) -> str:
