@@ -12,7 +12,7 @@ import torch
 from verispec.api.outputs import RequestOutput
 from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
-from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
+from verispec.drafters.proposer import FeatureProposer, HoldsKV, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
@@ -20,6 +20,7 @@ from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
 from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
+from verispec.kv.memory import KVMemory, check_fits, format_size, kv_pool_bytes
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import (
@@ -65,6 +66,8 @@ class Engine:
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
         self.proposer = self._make_proposer(dtype, num_blocks, generator)
+        self.kv_memory = self._kv_memory()
+        """The bytes of the KV pools, committed now (kv/memory.py): what they take under load."""
         self.feature_drafter = (
             self.proposer if isinstance(self.proposer, FeatureProposer) else None
         )
@@ -102,17 +105,38 @@ class Engine:
         return asked or model_len
 
     def _num_blocks(self) -> int:
-        """KV blocks of the target's cache: config.cache.num_blocks, or enough for max_num_seqs
-        sequences of max_model_len; fewer than one sequence needs: an error."""
-        cache = self.config.cache
+        """KV blocks of the target's cache: config.cache.num_blocks, or as many as its memory
+        budget holds (kv/memory.py, kv_pool_bytes); fewer than one sequence of max_model_len
+        needs, or more than the device has available: an error naming what to change."""
+        cache, c = self.config.cache, self.config
+        block_bytes = self.model.kv_token_bytes * cache.block_size
         blocks_per_seq = math.ceil(self.max_model_len / cache.block_size)
-        num_blocks = cache.num_blocks or self.config.max_num_seqs * blocks_per_seq
+        if cache.num_blocks is not None:
+            num_blocks = cache.num_blocks
+            given = f"num_blocks={num_blocks} (blocks of {cache.block_size} tokens)"
+        else:
+            pool = kv_pool_bytes(cache.kv_cache_memory, block_bytes, blocks_per_seq,
+                                 c.max_num_seqs, self.device)  # fmt: skip
+            num_blocks = pool // block_bytes
+            given = (f"kv_cache_memory={pool} ({format_size(pool)}: {num_blocks} blocks of "
+                     f"{cache.block_size} tokens)")  # fmt: skip
         if num_blocks < blocks_per_seq:
             raise ValueError(
-                f"num_blocks={num_blocks} of {cache.block_size} tokens cannot hold one sequence "
-                f"of max_model_len={self.max_model_len}; need at least {blocks_per_seq}"
+                f"{given} cannot hold one sequence of max_model_len={self.max_model_len}: that "
+                f"needs {blocks_per_seq} blocks ({format_size(blocks_per_seq * block_bytes)}); "
+                f"give at least that, or a smaller max_model_len"
             )
+        check_fits(num_blocks * block_bytes, self.device,
+                   "give a smaller kv_cache_memory (verispec serve --kv-cache-memory), "
+                   "max_model_len or max_num_seqs")  # fmt: skip
         return num_blocks
+
+    def _kv_memory(self) -> KVMemory:
+        """The KV pools this engine committed: the target's and a drafter's own."""
+        target = self.runner.target
+        drafter = self.proposer.kv_cache.nbytes if isinstance(self.proposer, HoldsKV) else 0
+        return KVMemory(target.kv.nbytes, drafter, target.kv.num_blocks * target.block_size,
+                        self.max_model_len)  # fmt: skip
 
     def _make_proposer(
         self, dtype: torch.dtype, num_blocks: int, generator: torch.Generator
