@@ -298,6 +298,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
+    from verispec.kv.memory import format_size, resident_bytes
     from verispec.serve import Server, ServerLimits
 
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
@@ -323,10 +324,15 @@ def _serve(args: argparse.Namespace) -> int:
         f"{spec.num_speculative_tokens} tokens"
     )  # fmt: skip
     caching = "on" if engine.prefix_cache is not None else "off"
+    resident = resident_bytes()
+    memory = engine.kv_memory.describe() if resident is None else (
+        f"{format_size(resident)} resident ({engine.kv_memory.describe()}; the rest weights "
+        f"and runtime)"
+    )  # fmt: skip
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
-          f"{caching}; kernels: {_kernel_line(engine.model.kernels())}", file=sys.stderr,
-          flush=True)  # fmt: skip
+          f"{caching}; kernels: {_kernel_line(engine.model.kernels())}; memory: {memory}",
+          file=sys.stderr, flush=True)  # fmt: skip
     server.run()
     return 0
 

@@ -41,13 +41,13 @@ class KVMemory:
         return self.target_bytes + self.drafter_bytes
 
     def describe(self) -> str:
-        """One line for a start-up message, e.g. 'KV cache 2.25 GiB committed (49,152 tokens,
-        6.0 sequences of 8,192)'."""
+        """For a start-up message, e.g. 'KV cache 2.25 GiB committed: 49,152 tokens, 6.0
+        sequences of 8,192' (and the drafter's own, when it has one)."""
         sequences = self.num_tokens / self.max_model_len
-        text = (f"KV cache {format_size(self.target_bytes)} committed ({self.num_tokens:,} "
-                f"tokens, {sequences:.1f} sequences of {self.max_model_len:,})")  # fmt: skip
+        text = (f"KV cache {format_size(self.target_bytes)} committed: {self.num_tokens:,} "
+                f"tokens, {sequences:.1f} sequences of {self.max_model_len:,}")  # fmt: skip
         if self.drafter_bytes:
-            text += f" + the drafter's {format_size(self.drafter_bytes)}"
+            text += f", and the drafter's {format_size(self.drafter_bytes)}"
         return text
 
 
