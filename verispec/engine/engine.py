@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -35,6 +36,9 @@ from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
+
+PACE_RUNS = 2
+"""Timed one-token forwards at start whose fastest seeds the prefill pace's plain step."""
 
 
 class Engine:
@@ -81,8 +85,7 @@ class Engine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
-            drafter_prefix, config.long_prefill_chunk,
-            None if config.long_prefill_chunk is None else PrefillPace(),
+            drafter_prefix, config.long_prefill_chunk, self._prefill_pace(),
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
@@ -90,6 +93,9 @@ class Engine:
         """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
         self.num_preemptions = 0
         """Requests whose KV was freed to make room for others (recomputed later), summed."""
+        self.clock: Callable[[], float] = time.perf_counter
+        """Seconds, read around each step for the prefill pace and the adaptive policy (a
+        test gives its own to simulate a slower machine)."""
         self._ids = itertools.count()
 
     def _max_model_len(self) -> int:
@@ -173,6 +179,13 @@ class Engine:
                             "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
         return prefix_cache, drafter
 
+    def _prefill_pace(self) -> PrefillPace | None:
+        """The pace of long prefills (engine/prefill_pace.py), its plain step seeded with a
+        one-token forward timed now on this machine; None without long prefills."""
+        if self.config.long_prefill_chunk is None:
+            return None
+        return PrefillPace(plain_step=self.runner.target.time_forward(1, runs=PACE_RUNS))
+
     def _make_policy(self) -> AdaptiveSpeculation | None:
         """The adaptive policy that chooses each step's draft counts when spec.adaptive (a
         tree's node budget as a chain's depth: spec/policy.py), its costs seeded by the
@@ -225,43 +238,43 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
-        clock = self.step_times
-        clock.start()
-        started = time.perf_counter()
+        times = self.step_times
+        times.start()
+        started = self.clock()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
         self._release(plan.preempted)
         self.num_preemptions += len(plan.preempted)
-        clock.lap("schedule")
-        drafting_started = time.perf_counter()
+        times.lap("schedule")
+        drafting_started = self.clock()
         draft_probs = self._propose(plan.scheduled)
-        draft_s = time.perf_counter() - drafting_started
-        clock.lap("draft")
+        draft_s = self.clock() - drafting_started
+        times.lap("draft")
         drafter = self.feature_drafter
         layers = drafter.feature_layers if drafter is not None else ()
         logits, features = self.runner.execute(plan.scheduled, layers)
-        clock.lap("target")
-        clock.record(step_kind(plan.scheduled), time.perf_counter() - drafting_started)
+        times.lap("target")
+        times.record(step_kind(plan.scheduled), self.clock() - drafting_started)
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
         if drafter is not None and features is not None:
             self._observe(drafter, plan, verdict, features)
         logprobs = None
         if any(s.request.params.logprobs is not None for s in plan.sampling):
             logprobs = self.runner.logprobs(logits, plan.sampling, verdict)
-        clock.lap("verify")
+        times.lap("verify")
         finished = self.scheduler.update(
             plan, verdict, self.tokenizer.decode, self.spec_stats, logprobs
         )
         self._release(finished)
-        clock.lap("update")
-        clock.steps += 1
+        times.lap("update")
+        times.steps += 1
         pace = self.scheduler.pace
-        if pace is not None and plan.paced is not None:
-            pace.observe(plan.paced, time.perf_counter() - started)
+        if pace is not None:
+            pace.observe(plan.paced, self.clock() - started, plan.alone)
         if self.spec_policy is not None:
             self._observe_step(self.spec_policy, plan, verdict,
-                               time.perf_counter() - started, draft_s)  # fmt: skip
+                               self.clock() - started, draft_s)  # fmt: skip
         return [s.request for s in plan.sampling]
 
     @staticmethod
