@@ -82,6 +82,20 @@ def test_a_token_cost_lost_in_the_noise_never_takes_the_whole_cap() -> None:
     assert total / 2000 <= (1 + SHARE) * 0.010 * 1.02
 
 
+def test_a_token_one_slow_step_overpriced_is_measured_again() -> None:
+    """A long prefill's first token beside a short prompt's prefill: the step took a second,
+    all of it charged to that token. Tokens cost 1 ms beside 10 ms steps: the pace measures a
+    token again within a few steps, its debt forgiven, and is back to several tokens a step
+    (waiting for credit to pay the second would have stalled it for a hundred steps)."""
+    pace = PrefillPace(plain_step=0.010)
+    pace.observe(pace.grant(256), 1.0)
+    grants = []
+    for _ in range(12):
+        grants.append(pace.grant(256))
+        pace.observe(grants[-1], 0.010 + 0.001 * grants[-1])
+    assert grants[-1] >= 3 and pace.token_cost() == pytest.approx(0.001)
+
+
 # A simulated CPU: a step costs a fixed part (the weights read once), a part per token computed
 # (its products) and a part per key each token attends to (its attention), all `slow` times
 # slower than the reference, with noise (+-20%, and one step in twenty three times slower, as

@@ -26,8 +26,10 @@ WINDOW = 9
 not move them."""
 PLAIN_EVERY = 4
 """Beside other work, at least one step in this many computes no long-prefill token (its credit
-goes to the next), so the plain steps' cost the others are measured against stays fresh; not
-where long prefills take their whole cap (cheap tokens), which that cost no longer bounds."""
+goes to the next), so the plain steps' cost the others are measured against stays fresh (not
+where long prefills take their whole cap: cheap tokens, which that cost no longer bounds); and
+at least one in this many computes one, so a token's cost one noisy step overpriced is measured
+again."""
 GROWTH = 2
 """A grant is at most this many times the most long-prefill tokens a recent step carried (1 at
 first): a token's cost is measured from step times, and one lost in their noise can make tokens
@@ -91,6 +93,8 @@ class PrefillPace:
     """(long-prefill tokens, extra seconds over a plain step) of recent steps that had some."""
     since_plain: int = 0
     """Steps with other work and long-prefill tokens since the last plain one."""
+    since_tokens: int = 0
+    """Steps with other work since the last that computed long-prefill tokens."""
 
     def step_cost(self) -> float | None:
         """Seconds of a plain step: the median of the measured ones, else plain_step."""
@@ -134,8 +138,11 @@ class PrefillPace:
         # banked, so an idle spell is no burst.
         self.credit = min(self.credit + earned, 2 * earned + (per_token or 0.0))
         tokens = most if not per_token else min(most, int(self.credit / per_token))
-        # a plain step keeps the plain cost fresh where it bounds the tokens (not the cap)
-        return 0 if self.since_plain >= PLAIN_EVERY - 1 and tokens < cap else tokens
+        if self.since_plain >= PLAIN_EVERY - 1 and tokens < cap:
+            return 0  # a plain step keeps the plain cost fresh where it bounds the tokens
+        # after steps without any, a token measures its cost again (one step's noise may have
+        # priced it beyond what steps earn)
+        return max(1, tokens) if self.since_tokens >= PLAIN_EVERY - 1 else tokens
 
     def observe(self, tokens: int, seconds: float, alone: bool = False) -> None:
         """A step that computed `tokens` long-prefill tokens (alone: nothing else) took
@@ -143,9 +150,12 @@ class PrefillPace:
         if tokens == 0:
             self.base.append(seconds)
             self.since_plain = 0
+            self.since_tokens += 1
             return
         plain = self.lone_step() if alone else self.step_cost()
         self.costs.append((tokens, seconds - (plain or 0.0)))
-        if not alone:  # charged at the recent cost: one slow step leaves no long debt
-            self.since_plain += 1
-            self.credit -= tokens * (self.token_cost() or 0.0)
+        if not alone:
+            self.since_plain, self.since_tokens = self.since_plain + 1, 0
+            # charged at the recent cost, so one slow step leaves no long debt; a debt beyond
+            # the credit (a measuring token's, or one priced above its estimate) is forgiven
+            self.credit = max(0.0, self.credit - tokens * (self.token_cost() or 0.0))
