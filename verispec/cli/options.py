@@ -15,7 +15,12 @@ from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.engine.stats import SpecStats
 from verispec.kv.memory import parse_size
-from verispec.models.kernels.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
+from verispec.models.kernels.quantization import (
+    AUTO_NUMERICS,
+    DRAFT_FLAG_VALUES,
+    FLAG_VALUES,
+    from_draft_flag,
+)
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
@@ -50,9 +55,11 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
                      help="memory of the KV cache, committed at start, e.g. 4GiB or 512M "
                      "(default: enough for --max-num-seqs sequences of --max-model-len, at most "
                      "a tenth of the RAM, at least one sequence)")  # fmt: skip
-    cmd.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
-                     help="round the model's linear weights at load (output then follows the "
-                     "rounded model)")  # fmt: skip
+    cmd.add_argument("--quantization", choices=FLAG_VALUES, default=AUTO_NUMERICS,
+                     help="the model's numerics: auto (a8 for a quantized GGUF file on the CPU, "
+                     "else none), none (exact float inputs), or round the weights (and with "
+                     "a8/w8a8/w4a8 each product's input) at load; output follows the model "
+                     "that runs")  # fmt: skip
     spec = cmd.add_argument_group(
         "speculative decoding (default: a named model's own drafter, else off)"
     )
@@ -261,7 +268,7 @@ def load_llm(args: argparse.Namespace) -> LLM:
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
-        quantization=args.quantization, compile=args.compile, **engine_options,
+        quantization=from_draft_flag(args.quantization), compile=args.compile, **engine_options,
     )  # fmt: skip
 
 

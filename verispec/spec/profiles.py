@@ -78,9 +78,12 @@ def files_key(path: Path) -> list[object]:
 
 
 def kernel_key() -> str | None:
-    """The native library in use (its file is named by a hash of its sources), or None."""
+    """The native library in use (its file is named by a hash of its sources) and the path it
+    runs (instruction sets, 8-bit dot product: VERISPEC_ISA can narrow it), or None."""
     kernel = native_kernel()
-    return Path(kernel.lib._name).name if isinstance(kernel, NativeKernel) else None
+    if not isinstance(kernel, NativeKernel):
+        return None
+    return f"{Path(kernel.lib._name).name} {kernel.isa_name} {kernel.dot_name}"
 
 
 def _path() -> Path:

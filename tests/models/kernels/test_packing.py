@@ -32,9 +32,10 @@ needs_kernel = pytest.mark.skipif(
 
 
 def kernels() -> list[NativeKernel]:
-    """The loaded kernel on every instruction set this CPU can run (AVX-512 CPUs run both)."""
+    """The loaded kernel on every instruction set and 8-bit dot product this CPU can run
+    (NativeKernel.paths: AVX-512 CPUs run AVX2 too, every CPU the 8-bit products' scalar loop)."""
     assert isinstance(KERNEL, NativeKernel)
-    return [NativeKernel(KERNEL.lib, isa) for isa in range(1, KERNEL.isa + 1)]
+    return KERNEL.paths()
 
 
 def test_pack_worked_example() -> None:
@@ -316,7 +317,7 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
             got = product.product_on(kernel, x[:rows], nibbles, bias)
             want = product.product_on(kernel, x[:rows], bytes_each, bias)
-            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.dot_name, rows)
 
 
 @needs_kernel
@@ -380,7 +381,7 @@ def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int)
         for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
             got = product.product_on(kernel, x[:rows], full, bias)
             want = product.product_on(kernel, x[:rows], half, bias)
-            assert torch.equal(got, want), (kernel.isa_name, kernel.vnni, rows)
+            assert torch.equal(got, want), (kernel.isa_name, kernel.dot_name, rows)
 
 
 @needs_kernel

@@ -149,7 +149,8 @@ def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) ->
     assert draft_quantization("q8_0", "torch", CPU, f32, False) == "q8_0"
     assert draft_quantization(None, "auto", CPU, f32, False) is None
     for vnni, expected in ((True, "w8a8"), (False, None)):
-        monkeypatch.setattr(build, "native_kernel", lambda v=vnni: NativeKernel(None, 2, v))
+        dot = 3 if vnni else 1  # AVX-512 VNNI, or AVX2's vpmaddubsw
+        monkeypatch.setattr(build, "native_kernel", lambda d=dot: NativeKernel(None, 2, d))
         assert draft_quantization("auto", "auto", CPU, f32, False) == expected
         assert draft_quantization("auto", "native", CPU, f32, False) == expected
         rounding = draft_quantization("auto", "auto", CPU, f32, False, "w4a8")  # the entry's

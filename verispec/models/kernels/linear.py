@@ -87,8 +87,10 @@ A8_FORMATS = (WeightFormat.Q8_A8, WeightFormat.Q4_A8, WeightFormat.Q4_F32_A8,
 
 def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
     """Which kernel each weight format of these layers runs with, e.g. {"4-bit codes, float32
-    d and m (Q4_K)": "native avx2"}: printed in `verispec generate --json` settings and the
-    server's start line, so a figure always says what computed it."""
+    d and m (Q4_K)": "native avx2", "4-bit codes, d and m as stored, times 8-bit inputs (Q4_K,
+    a8)": "native avx2 maddubs"}: the instruction sets and, for 8-bit inputs, the integer dot
+    product (build.DOT_NAMES); printed in `verispec generate --json` settings and the server's
+    start line, so a figure always says what computed it."""
     used: dict[str, str] = {}
     for lin in linears:
         if lin.kernel != "native":
@@ -100,7 +102,7 @@ def kernels_in_use(linears: Sequence[Linear]) -> dict[str, str]:
         fmt = cast(PackedWeight, lin.packed).format
         name = f"native {kernel.isa_name}"
         if fmt in A8_FORMATS:
-            name += " vnni" if kernel.vnni else " (portable 8-bit loop)"
+            name += f" {kernel.dot_name}"
         used[WEIGHT_FORMATS[fmt]] = name
     return dict(sorted(used.items()))
 

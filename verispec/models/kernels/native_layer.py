@@ -79,7 +79,9 @@ class NativeModel(Protocol):
 def supported(layers: Sequence[LayerWeights], config: ModelConfig, embed: torch.Tensor) -> bool:
     """Whether these layers can run this stack: float32 on the CPU, every product on the
     native kernel (so the library is loaded) with no column padding (the stack passes its
-    buffers to the kernel as they are), and an even head dimension (rotary halves)."""
+    buffers to the kernel as they are), an even head dimension (rotary halves), and a library
+    and CPU that run layer.c (NativeKernel.stack: x86-64 with AVX2; elsewhere the layers run
+    in torch, their products still on the native kernel)."""
     linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up,
                                                     layer.down)]  # fmt: skip
     return (
@@ -88,6 +90,7 @@ def supported(layers: Sequence[LayerWeights], config: ModelConfig, embed: torch.
         and bool(linears)
         and all(lin.kernel == "native" and _columns(lin) == lin.in_features for lin in linears)
         and config.head_dim % 2 == 0
+        and loaded().stack
     )
 
 
@@ -231,7 +234,7 @@ class NativeStack:
             logits = torch.empty(len(picks), head.out_features, dtype=torch.float32)  # [L, V]
             linear = ctypes.byref(_linear(head))
         kernel.lib.verispec_decoder_stack(
-            kernel.isa, self.layers, num_layers, kc, vc, x.data_ptr(), _ptr(first_input),
+            kernel.isa_arg, self.layers, num_layers, kc, vc, x.data_ptr(), _ptr(first_input),
             self.final_norm.data_ptr(), final.data_ptr(), captured, positions.data_ptr(),
             self.inv_freq.data_ptr(), slots.data_ptr(), ctypes.byref(keys), rows, hidden,
             c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
@@ -267,7 +270,7 @@ def greedy_steps(
     out = torch.empty(steps, seqs, dtype=torch.int64)
     kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
     kernel.lib.verispec_greedy_steps(
-        kernel.isa, stack.layers, num_layers, kc, vc, model.embed.data_ptr(),
+        kernel.isa_arg, stack.layers, num_layers, kc, vc, model.embed.data_ptr(),
         ctypes.byref(_linear(head)), limit, _ptr(model.vocab_ids), stack.final_norm.data_ptr(),
         (ctypes.c_void_p * num_layers)(), first_t.data_ptr(), positions_t.data_ptr(),
         stack.inv_freq.data_ptr(), slots_t.data_ptr(), ctypes.byref(keys), ctx.data_ptr(), steps,

@@ -50,7 +50,7 @@ def product_on(
         x = torch.nn.functional.pad(x, (0, columns - x.shape[1]))
     rows, scales = x.shape[0], packed.scales
     y = torch.empty(rows, packed.out_features, dtype=torch.float32)
-    kernel.lib.verispec_linear(kernel.isa, int(packed.format), x.data_ptr(),
+    kernel.lib.verispec_linear(kernel.isa_arg, int(packed.format), x.data_ptr(),
                                packed.codes.data_ptr(),
                                None if scales is None else scales.data_ptr(),
                                None if bias is None else bias.data_ptr(), y.data_ptr(), rows,

@@ -762,6 +762,51 @@ AVX512 static void round_rows_avx512(const float *x, int64_t n, RoundedRows r, i
   }
 }
 
+/* The same with AVX2: 8 lanes at a time, the same operations (max of |x| kept where a lane is
+ * NaN, as round_chunk's comparison does; each code x's int32's low byte, as its cast), so the
+ * bits are round_chunk's. */
+AVX2 INLINE void round_chunk_avx2(const float *x, int8_t *q, float *dx, float *mx,
+                                  int32_t *corr, int32_t *half) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], most = _mm256_setzero_ps();
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    most = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), most);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+  const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  __m256i a[4];
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+    a[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+  const __m256i byte = _mm256_set1_epi32(0xFF); /* low bytes, packed without saturating */
+  const __m256i p = _mm256_packus_epi16(
+      _mm256_packus_epi32(_mm256_and_si256(a[0], byte), _mm256_and_si256(a[1], byte)),
+      _mm256_packus_epi32(_mm256_and_si256(a[2], byte), _mm256_and_si256(a[3], byte)));
+  _mm256_storeu_si256((__m256i *)q,
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i s01 = _mm256_add_epi32(a[0], a[1]); /* the first 16 codes */
+  const __m256i all = _mm256_add_epi32(_mm256_add_epi32(s01, a[2]), a[3]);
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s01), _mm256_extracti128_si256(s01, 1));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(all), _mm256_extracti128_si256(all, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  *half = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1))));
+  const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1))));
+  *dx = amax / 127.0f;
+  *mx = *dx * (float)sum;
+  *corr = -128 * sum;
+}
+
+AVX2 static void round_rows_avx2(const float *x, int64_t n, RoundedRows r, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t e = at(r, i / r.C, i % r.C);
+    round_chunk_avx2(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e, r.half + e);
+  }
+}
+
 /* x [T, K] rounded chunk by chunk (on one thread below 512 chunks: not worth a wake-up). */
 static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRows r,
                        int threads) {
@@ -769,6 +814,10 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
   if (n < 512) threads = 1;
   if (isa == 2) {
     round_rows_avx512(x, n, r, threads);
+    return;
+  }
+  if (isa == 1) {
+    round_rows_avx2(x, n, r, threads);
     return;
   }
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -1237,6 +1286,23 @@ AVX2 static void linear_q6_a8_portable(const RoundedRows r, const uint8_t *codes
   }
 }
 
+/* The 256-bit 8-bit products (a8_avx2.h), once on AVX2's vpmaddubsw and, where the compiler
+ * knows AVX-VNNI (gcc 11, clang 12), once on its vpdpbusd. */
+#define A8_DOT VERISPEC_DOT_MADDUBS
+#define A8_TARGET AVX2
+#define A8(name) name##_maddubs
+#include "a8_avx2.h"
+
+#if defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11
+#define HAVE_AVX_VNNI 1
+#define A8_DOT VERISPEC_DOT_AVX_VNNI
+#define A8_TARGET __attribute__((target("avx2,f16c,fma,avxvnni")))
+#define A8(name) name##_avx_vnni
+#include "a8_avx2.h"
+#else
+#define HAVE_AVX_VNNI 0
+#endif
+
 static int has_vnni(void) {
   static int known = -1; /* the same answer for every thread: a benign race */
   if (known < 0) {
@@ -1247,17 +1313,39 @@ static int has_vnni(void) {
   return known;
 }
 
-/* 1 where kind 3's products run on vpdpbusd (isa 2 and AVX-512 VNNI), else 0 (the portable
- * loop, much slower: build.NativeKernel.vnni). */
-int verispec_linear_vnni(void) { return has_vnni(); }
+static int has_avx_vnni(void) {
+#if HAVE_AVX_VNNI
+  static int known = -1; /* as has_vnni's */
+  if (known < 0) {
+    __builtin_cpu_init();
+    known = __builtin_cpu_supports("avxvnni");
+  }
+  return known;
+#else
+  return 0;
+#endif
+}
 
-/* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes: with
- * vpdpbusd where isa is 2 and the CPU has AVX-512 VNNI (pairs of blocks for up to 4 rows), else
- * the portable loop. */
-static void linear_a8(int isa, const float *x, const uint8_t *codes, const char *scales,
-                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                      int threads, const int nib, const int f32, const int sup, const int q6) {
+/* The integer dot product of the 8-bit products at instruction set isa (bits 0-1 of a
+ * product's isa argument) on this CPU: AVX-512 VNNI at isa 2 where the CPU has it, else
+ * AVX-VNNI where it has that, else AVX2's vpmaddubsw; the scalar loop at isa 0. */
+int verispec_linear_dot(int isa) {
+  if ((isa & 3) == 0) return VERISPEC_DOT_SCALAR;
+  if ((isa & 3) == 2 && has_vnni()) return VERISPEC_DOT_VNNI;
+  return has_avx_vnni() ? VERISPEC_DOT_AVX_VNNI : VERISPEC_DOT_MADDUBS;
+}
+
+/* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes of weight
+ * format `format` (one of the a8 kinds) with integer dot product dot: AVX-512 VNNI's vpdpbusd
+ * (pairs of blocks for up to 4 rows), the 256-bit tiles (AVX-VNNI or vpmaddubsw), or the
+ * scalar loop; every one gives the same bits. */
+static void linear_a8(int isa, int dot, int format, const float *x, const uint8_t *codes,
+                      const char *scales, const float *bias, float *y, int64_t T, int64_t N,
+                      int64_t K, int64_t ldy, int threads) {
   const int64_t C = K / QC;
+  const int q6 = format == VERISPEC_Q6_SUPER_A8, sup = format == VERISPEC_Q4_SUPER_A8;
+  const int nib = format != VERISPEC_Q8_A8 && format != VERISPEC_Q8_F32_A8;
+  const int f32 = format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8;
   /* One buffer for the rounded rows: d_x and mx [2][C][T] float, corr and half [2][C][T] int32,
    * then q [C][T][32]. */
   float *f = malloc(sizeof(float) * 4 * T * C + (size_t)(T * K));
@@ -1265,12 +1353,18 @@ static void linear_a8(int isa, const float *x, const uint8_t *codes, const char 
                          (int32_t *)(f + 3 * T * C), T, C};
   round_rows(isa, x, T, K, r, threads);
   const int entry = q6 ? 5 : sup ? 4 : 2 * nib + f32;
-  if (q6 && !(isa == 2 && has_vnni()))
-    linear_q6_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
-  else if (isa == 2 && has_vnni() && T <= 4 && N % (2 * R) == 0 && !q6)
+  if (dot == VERISPEC_DOT_VNNI && T <= 4 && N % (2 * R) == 0 && !q6)
     A8_PAIRS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
-  else if (isa == 2 && has_vnni())
+  else if (dot == VERISPEC_DOT_VNNI)
     A8_BLOCKS[entry](r, codes, scales, bias, y, T, N, K, ldy, threads);
+#if HAVE_AVX_VNNI
+  else if (dot == VERISPEC_DOT_AVX_VNNI)
+    linear_avx_vnni(format, r, codes, scales, bias, y, T, N, K, ldy, threads);
+#endif
+  else if (dot == VERISPEC_DOT_MADDUBS)
+    linear_maddubs(format, r, codes, scales, bias, y, T, N, K, ldy, threads);
+  else if (q6)
+    linear_q6_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
     linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib, f32 || sup, sup);
   free(f);
@@ -1383,6 +1477,13 @@ static int q8_mode(int format) {
 
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
+  const int level = isa & 3, asked = isa >> 2 & 3;
+  if (level == 0) { /* neither AVX2 nor AVX-512 here (or asked for): portable.c's plain C */
+    verispec_linear_portable(format, x, w, scales, bias, y, T, N, K, threads);
+    return;
+  }
+  const int best = verispec_linear_dot(level);
+  const int dot = asked < best ? asked : best; /* never one this CPU lacks */
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
     switch (format) {
@@ -1392,10 +1493,8 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     case VERISPEC_Q8_F32_A8:
     case VERISPEC_Q4_SUPER_A8:
     case VERISPEC_Q6_SUPER_A8:
-      linear_a8(isa, x + t * K, w, (const char *)scales, bias, y + t * N, n, N, K, N, threads,
-                format != VERISPEC_Q8_A8 && format != VERISPEC_Q8_F32_A8,
-                format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8,
-                format == VERISPEC_Q4_SUPER_A8, format == VERISPEC_Q6_SUPER_A8);
+      linear_a8(level, dot, format, x + t * K, w, (const char *)scales, bias, y + t * N, n, N,
+                K, N, threads);
       break;
     case VERISPEC_Q8_F32_DM:
     case VERISPEC_Q4_F16_DM:
@@ -1405,14 +1504,14 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     case VERISPEC_Q8_F32_D_HALVES:
     case VERISPEC_Q4_SUPER_DM:
     case VERISPEC_Q6_SUPER_D:
-      linear_q8(isa, q8_mode(format), x + t * K, w, scales, bias, y + t * N, n, N, K, N,
+      linear_q8(level, q8_mode(format), x + t * K, w, scales, bias, y + t * N, n, N, K, N,
                 threads);
       break;
     case VERISPEC_F16:
-      linear_f16(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
+      linear_f16(level, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
       break;
     default:
-      linear_f32(isa, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
+      linear_f32(level, x + t * K, w, bias, y + t * N, n, N, K, N, threads);
     }
   }
 }

@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 6
+#define VERISPEC_ABI_VERSION 8
 
 /* What a packed weight holds (packing.py's packers lay each one out). */
 enum verispec_weight_format {
@@ -43,11 +43,24 @@ enum verispec_ggml_type {
   VERISPEC_GGML_Q6_K = 14,
 };
 
+/* A product's isa argument: in bits 0-1 the instruction sets it may use (0 = portable C,
+ * 1 = AVX2 + F16C + FMA, 2 = AVX-512 F and BW), in bits 2-3 the integer dot product of its
+ * 8-bit products (a8 kinds), one of these; a wider one than verispec_linear_dot reports for
+ * that instruction set is narrowed to it. */
+#define VERISPEC_DOT_SCALAR 0   /* the portable loop (the tests' reference) */
+#define VERISPEC_DOT_MADDUBS 1  /* AVX2: vpmaddubsw, then vpmaddwd */
+#define VERISPEC_DOT_AVX_VNNI 2 /* AVX-VNNI: vpdpbusd on 256 bits */
+#define VERISPEC_DOT_VNNI 3     /* AVX-512 VNNI: vpdpbusd on 512 bits */
+
 int verispec_abi_version(void);
 int verispec_linear_isa(void);
-int verispec_linear_vnni(void);
+int verispec_linear_dot(int isa);
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
+/* portable.c: the same products in plain C for every format (verispec_linear's isa 0). */
+void verispec_linear_portable(int format, const float *x, const void *w, const float *scales,
+                              const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                              int threads);
 
 /* blocks.c: n GGUF blocks of a verispec_ggml_type -> affine codes (0, or -1 for another type);
  * codes [N, K] -> the kernel's codes layout, a byte each or (nibbles) two a byte. */
