@@ -23,15 +23,32 @@ class CacheConfig:
     block_size: int = 16
     """Tokens per KV block."""
     num_blocks: int | None = None
-    """Blocks in the cache; None = enough for max_num_seqs sequences of max_model_len tokens."""
+    """Blocks in the target's cache; None = as many as kv_cache_memory holds."""
+    kv_cache_memory: int | None = None
+    """Bytes of the target's KV pool (vLLM's kv_cache_memory_bytes), committed at start so the
+    process's memory does not grow under load; it must hold one sequence of max_model_len.
+    None = enough for max_num_seqs sequences of max_model_len, but at most a tenth of the
+    device's memory (kv/memory.py, DEFAULT_KV_FRACTION) and at least one sequence. A drafter
+    with a KV cache of its own sizes it to match (reported beside it: Engine.kv_memory)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or self.block_size < 1:
+        if not _positive_int(self.block_size):
             raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.num_blocks is not None and (
-            not isinstance(self.num_blocks, int) or self.num_blocks < 1
-        ):
+        if self.num_blocks is not None and not _positive_int(self.num_blocks):
             raise ValueError(f"num_blocks must be an integer >= 1 or None, got {self.num_blocks!r}")
+        memory = self.kv_cache_memory
+        if memory is not None and not _positive_int(memory):
+            raise ValueError(f"kv_cache_memory must be a number of bytes (an integer >= 1), e.g. "
+                             f"2 * 2**30 for 2 GiB, or None for the default; got "
+                             f"{memory!r}")  # fmt: skip
+        if memory is not None and self.num_blocks is not None:
+            raise ValueError("give num_blocks or kv_cache_memory, not both: each sizes the KV "
+                             "cache")  # fmt: skip
+
+
+def _positive_int(value: object) -> bool:
+    """An int >= 1 that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(slots=True)

@@ -222,8 +222,15 @@ def test_bad_sampling_params_are_value_errors(options: dict, message: str) -> No
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"block_size": 4, "num_blocks": 15, "max_model_len": 64}, "need at least 16"),
+        ({"block_size": 4, "num_blocks": 15, "max_model_len": 64}, "needs 16 blocks"),
         ({"num_blocks": 0}, "num_blocks"),
+        ({"kv_cache_memory": 0}, "kv_cache_memory must be a number of bytes"),
+        ({"kv_cache_memory": 2.5e6}, "kv_cache_memory must be a number of bytes"),
+        ({"kv_cache_memory": 1000, "max_model_len": 64}, r"kv_cache_memory=1000 .* cannot hold "
+         r"one sequence of max_model_len=64: that needs 4 blocks"),
+        ({"kv_cache_memory": 2**20, "num_blocks": 16}, "num_blocks or kv_cache_memory, not both"),
+        ({"kv_cache_memory": 2**60}, "of memory are available on cpu; give a smaller "
+         "kv_cache_memory"),
         ({"block_size": 0}, "block_size"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
@@ -237,6 +244,22 @@ def test_bad_engine_options_are_value_errors(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         LLM(model=str(llama_checkpoint), **options)
+
+
+def test_the_kv_pool_is_sized_from_its_memory_budget(llama_checkpoint: Path) -> None:
+    """A budget gives as many whole blocks as fit, committed and reported; without one, the
+    tiny model's max_num_seqs sequences of max_model_len (far below a tenth of the RAM)."""
+    llm = LLM(model=str(llama_checkpoint), kv_cache_memory=1_000_000, max_model_len=64)
+    engine = llm.engine
+    block_bytes = engine.model.kv_token_bytes * 16
+    assert engine.allocator.num_blocks == 1_000_000 // block_bytes
+    memory = engine.kv_memory
+    assert memory.target_bytes == engine.allocator.num_blocks * block_bytes <= 1_000_000
+    assert memory.num_tokens == engine.allocator.num_blocks * 16 and memory.drafter_bytes == 0
+    assert "committed" in memory.describe()
+    assert len(llm.generate([PROMPT, "class"], GREEDY)) == 2
+    default = LLM(model=str(llama_checkpoint), max_model_len=64, max_num_seqs=3).engine
+    assert default.allocator.num_blocks == 3 * 4
 
 
 def test_smallest_cache_that_holds_one_sequence_works(llama_checkpoint: Path) -> None:

@@ -301,7 +301,8 @@ def test_the_pace_grants_long_prefill_tokens_beside_other_work() -> None:
     and the decode runs alone); the plan says how many they took, for the pace to measure."""
 
     class Grants(PrefillPace):
-        def grant(self, cap: int) -> int:
+        def grant(self, cap: int, alone: bool = False) -> int:
+            assert not alone
             return min(cap, grants.pop(0))
 
     grants = [0, 3, 100]
@@ -310,7 +311,7 @@ def test_the_pace_grants_long_prefill_tokens_beside_other_work() -> None:
     a = make_request(alloc, prompt_len=4, max_tokens=12)
     scheduler.add(a)
     plan = scheduler.schedule()
-    assert plan.paced is None  # no long prefill: nothing to pace
+    assert plan.paced == 0 and not plan.alone  # no long prefill: a plain step
     long = make_request(alloc, prompt_len=100)
     scheduler.add(long)
     for expected in ([], [(long.request_id, 3, False)], [(long.request_id, 8, False)]):
@@ -321,6 +322,25 @@ def test_the_pace_grants_long_prefill_tokens_beside_other_work() -> None:
         assert shape([Chunk(s.request, s.start, s.token_ids, s.samples)
                       for s in plan.scheduled]) == [(a.request_id, 1, True), *expected]  # fmt: skip
         assert plan.paced == sum(n for _, n, _ in expected)
+
+
+def test_alone_a_long_prefill_takes_what_the_pace_grants() -> None:
+    """With nothing else to run, a long prefill's chunk is the pace's lone grant (asked with
+    the whole budget as its cap), and the plan says the step was its alone."""
+    asked = []
+
+    class Grants(PrefillPace):
+        def grant(self, cap: int, alone: bool = False) -> int:
+            asked.append((cap, alone))
+            return 5
+
+    alloc = BlockAllocator(128)
+    scheduler = Scheduler(8, 64, long_prefill_chunk=8, pace=Grants())
+    long = make_request(alloc, prompt_len=100)
+    scheduler.add(long)
+    plan = scheduler.schedule()
+    assert [len(s.token_ids) for s in plan.scheduled] == [5]
+    assert plan.paced == 5 and plan.alone and asked == [(64, True)]
 
 
 @settings(max_examples=200, deadline=None)

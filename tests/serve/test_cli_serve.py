@@ -34,7 +34,8 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
          str(port), "--speculative-config", spec, "--api-key", "k", "--max-num-seqs", "2",
          "--max-model-len", "128", "--max-request-bytes", "100000",
          "--max-sequences-per-request", "4", "--trust-request-chat-template",
-         "--template-timeout", "5", "--body-timeout", "10", "--max-prompt-bytes", "1000"],
+         "--template-timeout", "5", "--body-timeout", "10", "--max-prompt-bytes", "1000",
+         "--kv-cache-memory", "1MiB"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:
@@ -76,6 +77,9 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         output = process.communicate(timeout=30)[0]
     assert process.returncode in (0, -15), output
     assert "serving" in output
+    # the start line says what the process holds, the KV cache committed within it: 512 bytes
+    # a token (2 layers, 2 KV heads of 16 floats, keys and values) in 1 MiB
+    assert "resident (KV cache 1.00 MiB committed: 2,048 tokens, 16.0 sequences of 128" in output
 
 
 def client_tokens(target: Path, text: str) -> list[int]:
@@ -102,6 +106,9 @@ def client_tokens(target: Path, text: str) -> list[int]:
         (["--body-timeout", "inf"], "--body-timeout must be a number of seconds > 0"),
         (["--template-timeout", "-1"], "--template-timeout must be a number of seconds > 0"),
         (["--allowed-origins", "localhost:3000/"], "allowed origin 'localhost:3000/' is not"),
+        (["--kv-cache-memory", "lots"], "--kv-cache-memory: a size must be a number of bytes"),
+        (["--kv-cache-memory", "4K"], "kv_cache_memory=4096 (4.00 KiB: 0 blocks of 16 tokens) "
+         "cannot hold one sequence of max_model_len=256"),
     ],
 )
 def test_bad_serve_options_exit_2_with_one_line(

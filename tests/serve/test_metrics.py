@@ -3,6 +3,7 @@ equal what the responses said about the requests sent."""
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 
 import openai
@@ -21,17 +22,20 @@ NAMES = (
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
     "request_success", "prefix_cache_queries", "prefix_cache_hits",
     "spec_decode_num_speculative_tokens", "spec_decode_drafting_cost_factor",
+    "kv_cache_memory_bytes",
 )  # fmt: skip
 
 
 def scrape(server: Server) -> dict[str, dict[tuple, float]]:
-    """{sample name: {sorted labels minus model_name: value}} of one scrape of /metrics."""
+    """{sample name: {sorted labels minus model_name: value}} of one scrape of /metrics (the
+    process's own metrics, Prometheus' process_*, have no model_name)."""
     status, text = call(server.url, "/metrics")
     assert status == 200
     samples: dict[str, dict[tuple, float]] = defaultdict(dict)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            assert s.labels.get("model_name") == server.model_name
+            if not family.name.startswith("process_"):
+                assert s.labels.get("model_name") == server.model_name
             labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
             samples[s.name][labels] = s.value
     return samples
@@ -47,6 +51,21 @@ def test_every_metric_is_exposed_under_the_verispec_prefix(chat_pair) -> None:
     families = {f.name for f in text_string_to_metric_families(text)}
     for name in NAMES:
         assert f"verispec:{name}" in families, name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process metrics read /proc")
+def test_resident_memory_and_the_committed_kv_cache_are_exposed(chat_pair) -> None:
+    """Before any request: the process's resident memory (Prometheus' process collector) and
+    the bytes of the KV caches committed at start, the target's and the draft model's."""
+    llm = speculative_llm(chat_pair, kv_cache_memory=3 * 2**20)
+    engine = llm.engine
+    drafter = engine.proposer.kv_cache.nbytes
+    with Server(engine, port=0) as server:
+        samples = scrape(server)
+    assert value(samples, "kv_cache_memory_bytes") == engine.kv_memory.total_bytes
+    assert engine.kv_memory.target_bytes <= 3 * 2**20 < engine.kv_memory.total_bytes
+    assert engine.kv_memory.drafter_bytes == drafter > 0
+    assert samples["process_resident_memory_bytes"][()] > engine.kv_memory.total_bytes
 
 
 def test_adaptive_speculation_gauges_show_the_policy(chat_pair) -> None:

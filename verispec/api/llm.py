@@ -28,7 +28,8 @@ class LLM:
     With no model, SmolLM2-135M-Instruct is loaded (fetched once into the cache) and, unless
     speculative=None, decoded with prompt lookup (speculative="auto": a named model's own
     drafter). speculative also takes vLLM's dict form, e.g. {"method": "ngram",
-    "num_speculative_tokens": 4}.
+    "num_speculative_tokens": 4}. kv_cache_memory is the KV pool's budget in bytes, committed
+    at load (CacheConfig.kv_cache_memory; the engine's kv_memory says what it took).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class LLM:
         seed: int = 0,
         block_size: int = 16,
         num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
         progress: bool = False,
         speculative: SpecConfig | Mapping[str, Any] | Literal["auto"] | None = "auto",
         **engine_options: Any,
@@ -51,8 +53,9 @@ class LLM:
             )
         config = EngineConfig(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks), speculative=None,
-            **engine_options,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
+                              kv_cache_memory=kv_cache_memory),
+            speculative=None, **engine_options,
         )  # fmt: skip
         spec = resolve_speculative(model, speculative, runtime=DraftRuntime.of(config))
         config = replace(config, speculative=spec)

@@ -318,6 +318,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
+    from verispec.kv.memory import format_size, resident_bytes
     from verispec.models.kernels.quantization import numerics_name
     from verispec.serve import Server
     from verispec.serve.middleware import check_origins
@@ -342,10 +343,16 @@ def _serve(args: argparse.Namespace) -> int:
         f"{spec.num_speculative_tokens} tokens"
     )  # fmt: skip
     caching = "on" if engine.prefix_cache is not None else "off"
+    resident = resident_bytes()
+    memory = engine.kv_memory.describe() if resident is None else (
+        f"{format_size(resident)} resident ({engine.kv_memory.describe()}; the rest weights "
+        f"and runtime)"
+    )  # fmt: skip
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
           f"{caching}; numerics: {numerics_name(engine.config.quantization)}; kernels: "
-          f"{_kernel_line(engine.model.kernels())}", file=sys.stderr, flush=True)  # fmt: skip
+          f"{_kernel_line(engine.model.kernels())}; memory: {memory}", file=sys.stderr,
+          flush=True)  # fmt: skip
     server.run()
     return 0
 

@@ -14,6 +14,7 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.engine.stats import SpecStats
+from verispec.kv.memory import parse_size
 from verispec.models.kernels.quantization import (
     DRAFT_FLAG_VALUES,
     FLAG_VALUES,
@@ -49,6 +50,10 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
     cmd.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
     cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     cmd.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
+    cmd.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                     help="memory of the KV cache, committed at start, e.g. 4GiB or 512M "
+                     "(default: enough for --max-num-seqs sequences of --max-model-len, at most "
+                     "a tenth of the RAM, at least one sequence)")  # fmt: skip
     cmd.add_argument("--quantization", choices=FLAG_VALUES, default="none",
                      help="the model's numerics: none (exact float inputs, the default), "
                      "auto (a8 for a quantized GGUF file on the CPU, else none), or round the "
@@ -253,6 +258,11 @@ def load_llm(args: argparse.Namespace) -> LLM:
         engine_options["long_prefill_chunk"] = args.long_prefill_chunk
     if getattr(args, "enable_prefix_caching", None) is not None:
         engine_options["enable_prefix_caching"] = args.enable_prefix_caching
+    if getattr(args, "kv_cache_memory", None) is not None:
+        try:
+            engine_options["kv_cache_memory"] = parse_size(args.kv_cache_memory)
+        except ValueError as e:
+            raise ValueError(f"--kv-cache-memory: {e}") from None
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,

@@ -13,6 +13,7 @@ from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
+from verispec.kv.cache import KVCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
@@ -109,6 +110,10 @@ class DraftModelProposer:
     @property
     def allocator(self) -> BlockAllocator:
         return self.paged.allocator
+
+    @property
+    def kv_cache(self) -> KVCache:
+        return self.paged.kv
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
         """k_i tokens per request: a prompt-lookup copy where the lookup finds one (with a

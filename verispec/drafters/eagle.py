@@ -43,6 +43,7 @@ from verispec.drafters.proposer import (
 )
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
+from verispec.kv.cache import KVCache
 from verispec.models.batch import ForwardBatch, SeqChunk
 from verispec.models.eagle import EagleHead
 from verispec.models.paged import append_chunk
@@ -120,6 +121,10 @@ class EagleProposer:
         self.states: dict[str, _HeadState] = {}
         self.prefix_cache: PrefixCache | None = None
         """The head's own index of full blocks of true rows, once enable_prefix_caching."""
+
+    @property
+    def kv_cache(self) -> KVCache:
+        return self.kv
 
     def enable_prefix_caching(self) -> None:
         """Index the head's computed blocks so requests sharing a prefix reuse them."""

@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from verispec.engine.request import Request, all_greedy, noise_key, sampling_tensors
+from verispec.kv.cache import KVCache
 from verispec.models.llama import LlamaModel
 from verispec.sample import argmax_rows, sample, warp
 from verispec.sample.tree import DraftTree
@@ -106,6 +107,17 @@ def stack_draft_probs(
         p if p is not None else one_hot.index_fill(0, torch.tensor(d, device=device), 1.0)
         for d, p in flat
     ])  # fmt: skip
+
+
+@runtime_checkable
+class HoldsKV(Protocol):
+    """A drafter with a KV cache of its own (a draft model, an EAGLE head): the engine reports
+    its bytes beside the target's (Engine.kv_memory)."""
+
+    @property
+    def kv_cache(self) -> KVCache:
+        """The drafter's own KV tensors."""
+        ...
 
 
 @runtime_checkable

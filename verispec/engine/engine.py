@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from verispec.api.outputs import RequestOutput
 from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
-from verispec.drafters.proposer import FeatureProposer, Proposer, TargetInfo
+from verispec.drafters.proposer import FeatureProposer, HoldsKV, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
@@ -20,6 +21,7 @@ from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
 from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
+from verispec.kv.memory import KVMemory, check_fits, format_size, kv_pool_bytes
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import (
@@ -35,6 +37,9 @@ from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
+
+PACE_RUNS = 2
+"""Timed one-token forwards at start whose fastest seeds the prefill pace's plain step."""
 
 
 class Engine:
@@ -69,6 +74,8 @@ class Engine:
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
         self.proposer = self._make_proposer(dtype, num_blocks, generator)
+        self.kv_memory = self._kv_memory()
+        """The bytes of the KV pools, committed now (kv/memory.py): what they take under load."""
         self.feature_drafter = (
             self.proposer if isinstance(self.proposer, FeatureProposer) else None
         )
@@ -82,8 +89,7 @@ class Engine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
-            drafter_prefix, config.long_prefill_chunk,
-            None if config.long_prefill_chunk is None else PrefillPace(),
+            drafter_prefix, config.long_prefill_chunk, self._prefill_pace(),
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
@@ -91,6 +97,9 @@ class Engine:
         """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
         self.num_preemptions = 0
         """Requests whose KV was freed to make room for others (recomputed later), summed."""
+        self.clock: Callable[[], float] = time.perf_counter
+        """Seconds, read around each step for the prefill pace and the adaptive policy (a
+        test gives its own to simulate a slower machine)."""
         self._ids = itertools.count()
 
     def _max_model_len(self) -> int:
@@ -106,17 +115,38 @@ class Engine:
         return asked or model_len
 
     def _num_blocks(self) -> int:
-        """KV blocks of the target's cache: config.cache.num_blocks, or enough for max_num_seqs
-        sequences of max_model_len; fewer than one sequence needs: an error."""
-        cache = self.config.cache
+        """KV blocks of the target's cache: config.cache.num_blocks, or as many as its memory
+        budget holds (kv/memory.py, kv_pool_bytes); fewer than one sequence of max_model_len
+        needs, or more than the device has available: an error naming what to change."""
+        cache, c = self.config.cache, self.config
+        block_bytes = self.model.kv_token_bytes * cache.block_size
         blocks_per_seq = math.ceil(self.max_model_len / cache.block_size)
-        num_blocks = cache.num_blocks or self.config.max_num_seqs * blocks_per_seq
+        if cache.num_blocks is not None:
+            num_blocks = cache.num_blocks
+            given = f"num_blocks={num_blocks} (blocks of {cache.block_size} tokens)"
+        else:
+            pool = kv_pool_bytes(cache.kv_cache_memory, block_bytes, blocks_per_seq,
+                                 c.max_num_seqs, self.device)  # fmt: skip
+            num_blocks = pool // block_bytes
+            given = (f"kv_cache_memory={pool} ({format_size(pool)}: {num_blocks} blocks of "
+                     f"{cache.block_size} tokens)")  # fmt: skip
         if num_blocks < blocks_per_seq:
             raise ValueError(
-                f"num_blocks={num_blocks} of {cache.block_size} tokens cannot hold one sequence "
-                f"of max_model_len={self.max_model_len}; need at least {blocks_per_seq}"
+                f"{given} cannot hold one sequence of max_model_len={self.max_model_len}: that "
+                f"needs {blocks_per_seq} blocks ({format_size(blocks_per_seq * block_bytes)}); "
+                f"give at least that, or a smaller max_model_len"
             )
+        check_fits(num_blocks * block_bytes, self.device,
+                   "give a smaller kv_cache_memory (verispec serve --kv-cache-memory), "
+                   "max_model_len or max_num_seqs")  # fmt: skip
         return num_blocks
+
+    def _kv_memory(self) -> KVMemory:
+        """The KV pools this engine committed: the target's and a drafter's own."""
+        target = self.runner.target
+        drafter = self.proposer.kv_cache.nbytes if isinstance(self.proposer, HoldsKV) else 0
+        return KVMemory(target.kv.nbytes, drafter, target.kv.num_blocks * target.block_size,
+                        self.max_model_len)  # fmt: skip
 
     def _make_proposer(
         self, dtype: torch.dtype, num_blocks: int, generator: torch.Generator
@@ -152,6 +182,13 @@ class Engine:
             raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
                             "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
         return prefix_cache, drafter
+
+    def _prefill_pace(self) -> PrefillPace | None:
+        """The pace of long prefills (engine/prefill_pace.py), its plain step seeded with a
+        one-token forward timed now on this machine; None without long prefills."""
+        if self.config.long_prefill_chunk is None:
+            return None
+        return PrefillPace(plain_step=self.runner.target.time_forward(1, runs=PACE_RUNS))
 
     def _make_policy(self) -> AdaptiveSpeculation | None:
         """The adaptive policy that chooses each step's draft counts when spec.adaptive (a
@@ -205,43 +242,43 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, draft, run one target forward, verify, update; returns the requests that
         received tokens this step."""
-        clock = self.step_times
-        clock.start()
-        started = time.perf_counter()
+        times = self.step_times
+        times.start()
+        started = self.clock()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
         self._release(plan.preempted)
         self.num_preemptions += len(plan.preempted)
-        clock.lap("schedule")
-        drafting_started = time.perf_counter()
+        times.lap("schedule")
+        drafting_started = self.clock()
         draft_probs = self._propose(plan.scheduled)
-        draft_s = time.perf_counter() - drafting_started
-        clock.lap("draft")
+        draft_s = self.clock() - drafting_started
+        times.lap("draft")
         drafter = self.feature_drafter
         layers = drafter.feature_layers if drafter is not None else ()
         logits, features = self.runner.execute(plan.scheduled, layers)
-        clock.lap("target")
-        clock.record(step_kind(plan.scheduled), time.perf_counter() - drafting_started)
+        times.lap("target")
+        times.record(step_kind(plan.scheduled), self.clock() - drafting_started)
         verdict = self.runner.verify(logits, plan.sampling, draft_probs)
         if drafter is not None and features is not None:
             self._observe(drafter, plan, verdict, features)
         logprobs = None
         if any(s.request.params.logprobs is not None for s in plan.sampling):
             logprobs = self.runner.logprobs(logits, plan.sampling, verdict)
-        clock.lap("verify")
+        times.lap("verify")
         finished = self.scheduler.update(
             plan, verdict, self.tokenizer.decode, self.spec_stats, logprobs
         )
         self._release(finished)
-        clock.lap("update")
-        clock.steps += 1
+        times.lap("update")
+        times.steps += 1
         pace = self.scheduler.pace
-        if pace is not None and plan.paced is not None:
-            pace.observe(plan.paced, time.perf_counter() - started)
+        if pace is not None:
+            pace.observe(plan.paced, self.clock() - started, plan.alone)
         if self.spec_policy is not None:
             self._observe_step(self.spec_policy, plan, verdict,
-                               time.perf_counter() - started, draft_s)  # fmt: skip
+                               self.clock() - started, draft_s)  # fmt: skip
         return [s.request for s in plan.sampling]
 
     @staticmethod

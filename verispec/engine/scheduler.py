@@ -63,9 +63,10 @@ class Schedule:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
     """Requests whose KV was freed this step (their drafter state must go too)."""
-    paced: int | None = None
-    """Tokens of long prefills in a step that also serves others (PrefillPace measures such
-    steps); None when no long prefill waited beside other work."""
+    paced: int = 0
+    """Tokens of long prefills in this step (PrefillPace measures steps with and without)."""
+    alone: bool = False
+    """Whether long prefills ran with nothing else (the pace caps such a step's time)."""
     sampling: list[ScheduledRequest] = field(init=False)
     """The scheduled requests that receive tokens this step (rows of the verdict), fixed when
     the plan is made: once tokens are appended a chunk no longer reaches the end."""
@@ -79,8 +80,9 @@ class Scheduler:
     decodes (with their draft slots) and short prefills, then to waiting short prompts, and only
     then to long prefills (more than long_prefill_chunk tokens left), a chunk of at most
     long_prefill_chunk each when the step carries other work; waiting requests keep their order
-    for seats (max_num_seqs). When the cache runs out, the newest running request is preempted
-    (its blocks freed, recomputed later), never dropped."""
+    for seats (max_num_seqs); alone, a long prefill takes the whole budget, or what the pace
+    grants. When the cache runs out, the newest running request is preempted (its blocks
+    freed, recomputed later), never dropped."""
 
     def __init__(
         self,
@@ -100,8 +102,9 @@ class Scheduler:
         of the step and then gets at most this many tokens while others run
         (EngineConfig.long_prefill_chunk); None = none is long (arrival order, whole budget)."""
         self.pace = pace
-        """When set, it grants the tokens long prefills take beside other work from measured
-        step times (the engine reports them), up to long_prefill_chunk; else that chunk."""
+        """When set, it grants the tokens long prefills take from measured step times (the
+        engine reports every step), up to long_prefill_chunk beside other work and up to the
+        budget alone; else those limits."""
         self.num_speculative_tokens = num_speculative_tokens
         self.prefix_cache = prefix_cache
         """When set, a request starting from scratch reuses the cached KV of its prompt's
@@ -141,7 +144,8 @@ class Scheduler:
                 admitting = False  # first come, first served: none jumps a blocked request
                 break
         longs = long_running + (long_waiting if admitting else [])
-        grant = self._grant() if scheduled and longs else None
+        alone = not scheduled
+        grant = self._grant(alone) if longs else None
         paced = 0
         for request in longs:
             left = self._left(scheduled, None if grant is None else grant - paced)
@@ -150,17 +154,25 @@ class Scheduler:
             elif (item := self._admit(request, scheduled, left)) is None:
                 break
             paced += len(item.token_ids) if item is not None else 0
-        return Schedule(scheduled, preempted, paced if grant is not None else None)
+        return Schedule(scheduled, preempted, paced, alone and paced > 0)
 
-    def _grant(self) -> int:
-        """Tokens long prefills may take beside other work this step (long_prefill_chunk)."""
+    def _grant(self, alone: bool) -> int | None:
+        """Tokens long prefills may take this step: beside other work long_prefill_chunk,
+        alone the whole budget (None), either cut to what the pace grants."""
+        if alone:
+            budget = self.max_num_batched_tokens
+            return None if self.pace is None else self.pace.grant(budget, alone=True)
         chunk = self.long_prefill_chunk or self.max_num_batched_tokens
         return chunk if self.pace is None else self.pace.grant(chunk)
 
     def _is_long(self, request: Request) -> bool:
-        """Whether the request has more than long_prefill_chunk tokens left to compute."""
+        """Whether the request is a long prefill: more than long_prefill_chunk tokens left to
+        compute, or more than one at a context past it (a long prompt's tail, a prompt the
+        prefix cache mostly held, a preempted request's recompute), which cost as much a
+        token (their attention reads the whole context)."""
         chunk = self.long_prefill_chunk
-        return chunk is not None and request.num_tokens - request.num_computed_tokens > chunk
+        left = request.num_tokens - request.num_computed_tokens
+        return chunk is not None and (left > chunk or (left > 1 and request.num_tokens > chunk))
 
     def _left(self, scheduled: list[ScheduledRequest], cap: int | None = None) -> int:
         """Tokens the step may still take (at most cap): the budget less every reserved slot."""

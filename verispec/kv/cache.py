@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor. On the CPU its pages come zeroed from the OS when first touched (numpy's
-    calloc), so a cache sized for max_num_seqs x max_model_len costs memory and time only for
-    the slots used; torch.zeros would write every byte up front (seconds for gigabytes)."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    raw = torch.from_numpy(np.zeros((*shape[:-1], shape[-1] * dtype.itemsize), dtype=np.uint8))
-    return raw.view(dtype)  # zero bytes are 0.0 in every float format
+def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one token's keys and values take over every layer.
+
+    >>> token_bytes(30, 3, 64, torch.float32)  # SmolLM2-135M: 45 KiB a token
+    46080
+    """
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
 class KVCache:
-    """Paged key/value storage for every layer of one model; bookkeeping lives in BlockTable."""
+    """Paged key/value storage for every layer of one model; bookkeeping lives in BlockTable.
+
+    The tensors are committed when made: every byte is written (zeros), so the process holds
+    the whole pool from the start and its resident memory does not grow as blocks are first
+    used (a pool the OS backed page by page on first use crept up over hours of serving)."""
 
     def __init__(
         self,
@@ -37,8 +39,11 @@ class KVCache:
         device = torch.device(device)
         # One tensor per layer, not one stacked tensor: a compiled forward then writes each in
         # place (a write into a slice of a shared base would be traced as a copy of the base).
-        self.k = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
-        self.v = [zeros(shape, dtype, device) for _ in range(num_layers)]  # [slots, kvh, hd] each
+        # [slots, kv_heads, head_dim] each
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.nbytes = token_bytes(num_layers, num_kv_heads, head_dim, dtype) * shape[0]
+        """Bytes of every layer's keys and values together."""
 
     @functools.cached_property
     def addresses(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

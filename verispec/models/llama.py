@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from verispec.kv.cache import KVCache
+from verispec.kv.cache import KVCache, token_bytes
 from verispec.models.attention import AttentionLayout, attend
 from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
@@ -93,6 +93,12 @@ class LlamaModel:
     def kernels(self) -> dict[str, str]:
         """Which kernel each weight format of this model runs with (linear.kernels_in_use)."""
         return kernels_in_use(self.linears())
+
+    @property
+    def kv_token_bytes(self) -> int:
+        """Bytes of one token's keys and values in a cache of this model (new_kv_cache)."""
+        c = self.config
+        return token_bytes(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A KV cache for num_blocks * block_size tokens, in this model's dtype and device."""

@@ -5,6 +5,7 @@ The engine's target, the draft model and the benchmarks all forward through it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -37,6 +38,22 @@ class PagedModel:
         """Logits as forward, and features [sum of new tokens, len(layers) * hidden] of every
         new token in chunk order (LlamaModel.hidden_states says which residual streams)."""
         return self.model.forward_with_features(self._batch(chunks), self.kv, feature_layers)
+
+    def time_forward(self, num_tokens: int, runs: int) -> float:
+        """Seconds of the fastest of `runs` forwards of num_tokens new tokens, after an untimed
+        one (other work on the machine only ever adds time), in blocks freed afterwards."""
+        table = self.new_table()
+        try:
+            chunk = append_chunk(table, [0] * num_tokens)
+            self.forward([chunk])
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                self.forward([chunk])
+                times.append(time.perf_counter() - start)
+            return min(times)
+        finally:
+            table.free()
 
     def _batch(self, chunks: Sequence[SeqChunk]) -> ForwardBatch:
         return ForwardBatch.build(chunks, self.block_size, self.model.device)

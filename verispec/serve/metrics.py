@@ -3,7 +3,14 @@ prefix, in a registry of the server's own (no global state); updated by the engi
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from verispec.api.stream import StepNews
 from verispec.engine.engine import Engine
@@ -21,6 +28,8 @@ class ServerMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        # process_resident_memory_bytes and the rest of Prometheus' process metrics (Linux)
+        ProcessCollector(registry=self.registry)
         self.model_name = model_name
         label = ["model_name"]
 
@@ -50,6 +59,9 @@ class ServerMetrics:
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled").labels(m)
         self.kv_usage = gauge("kv_cache_usage_perc",
                               "Fraction of the target's KV cache blocks in use (0-1)").labels(m)
+        self.kv_memory = gauge("kv_cache_memory_bytes",
+                               "Bytes of the KV caches, the target's and a drafter's own, "
+                               "committed at start").labels(m)  # fmt: skip
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled").labels(m)
         self.generation_tokens = counter("generation_tokens", "Output tokens emitted").labels(m)
         self.num_preemptions = counter("num_preemptions",
@@ -102,6 +114,7 @@ class ServerMetrics:
         self.waiting.set(len(engine.scheduler.waiting))
         allocator = engine.allocator
         self.kv_usage.set(allocator.num_used / allocator.num_blocks)
+        self.kv_memory.set(engine.kv_memory.total_bytes)
         total, seen = engine.spec_stats, self._spec_seen
         self.num_drafts.inc(total.num_verify_steps - seen.num_verify_steps)
         self.num_draft_tokens.inc(total.num_draft_tokens - seen.num_draft_tokens)

@@ -45,6 +45,7 @@ class Server:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         self.model_name = model_name or served_name(engine)
         self.metrics = ServerMetrics(self.model_name)
+        self.metrics.observe_engine(engine)  # the gauges hold from the start, KV bytes included
         self.engine = AsyncEngine(engine, self.metrics)
         self.limits = limits or ServerLimits()
         self.app = create_app(self.engine, self.model_name, api_key, self.limits,

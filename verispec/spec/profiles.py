@@ -16,7 +16,7 @@ import torch
 
 from verispec.models.kernels.backends import cpu_model
 from verispec.models.kernels.build import NativeKernel, native_kernel
-from verispec.models.paged import PagedModel, append_chunk
+from verispec.models.paged import PagedModel
 from verispec.paths import cache_dir, read_cache_json, write_cache_json
 from verispec.spec.cost import StepCost
 
@@ -45,18 +45,7 @@ def target_cost(target: PagedModel, facts: dict[str, object]) -> StepCost:
         return StepCost(profile=known)
     cost = StepCost()
     for tokens in (t for t in (1, 2, 4, 8, 16) if t <= int(facts["limit"])):
-        table = target.new_table()
-        try:
-            chunk = append_chunk(table, [0] * tokens)
-            target.forward([chunk])
-            runs = []
-            for _ in range(PROFILE_RUNS):
-                start = time.perf_counter()
-                target.forward([chunk])
-                runs.append(time.perf_counter() - start)
-            cost.profile[tokens] = min(runs)
-        finally:
-            table.free()
+        cost.profile[tokens] = target.time_forward(tokens, PROFILE_RUNS)
     store(facts, cost.profile)
     return cost
 
