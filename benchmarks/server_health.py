@@ -7,8 +7,9 @@ gets one prompt of ~10 MB while this script polls GET /health, and prints the la
 
 The prompt is random words (so that the tokenizer's word cache does not make it cheap); it is
 longer than any context, so the answer is a 400 (context_length_exceeded) once tokenized, which
-is the work a server does for such a body. The body limit is raised above the body's size when
-the default (16 MiB) is smaller.
+is the work a server does for such a body (as a chat message, larger than --max-prompt-bytes,
+it is a 413 before it is tokenized). The body limit is raised above the body's size when the
+default (16 MiB) is smaller.
 """
 
 from __future__ import annotations

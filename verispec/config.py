@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from verispec.models.kernels.backends import LinearBackend
 from verispec.models.kernels.compiled import check_compile
-from verispec.models.kernels.quantization import AUTO_DRAFT, check_quantization
+from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, check_quantization
 
 MAX_SPECULATIVE_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -67,10 +67,13 @@ class EngineConfig:
     own packed kernel, float16-stored where exact; built with the system's C compiler); the
     last three float32 on CPU only. auto picks native on Intel CPUs (also when compiling),
     elsewhere fp16, else onednn, per weight on a float32 CPU, else torch."""
-    quantization: str | None = None
-    """Round the target's linear weights at load: None (off), fp16, int8 (per channel) or q8_0
-    (GGUF's 8-bit blocks of 32; the native kernel streams them in 1.25 bytes a value). Output
-    is then lossless with respect to the quantized target, not the checkpoint."""
+    quantization: str | None = AUTO_NUMERICS
+    """The target's numerics. "auto": "a8" for a GGUF file of quantized blocks on the CPU (each
+    product's input rounded to 8-bit blocks, as llama.cpp computes it; the same bits on every
+    instruction set), else None (loader.resolve_quantization); the engine's config holds what
+    it resolved to. None: exact float inputs, weights as stored. Or round the linear weights at
+    load: fp16, int8 (per channel), q8_0 (GGUF's 8-bit blocks of 32), w8a8 or w4a8. Output is
+    lossless with respect to the model that runs, not the checkpoint."""
     batch_invariant: bool = False
     """Compute every token row on its own so its logits never depend on its batch mates
     (bit-exact greedy equality between speculative and plain decoding; slower)."""
@@ -94,7 +97,7 @@ class EngineConfig:
     resolve_speculative): its config then holds the SpecConfig that runs, or None."""
 
     def __post_init__(self) -> None:
-        check_quantization(self.quantization)
+        check_quantization(self.quantization, extra=(AUTO_NUMERICS,))
         check_compile(self.compile, self.batch_invariant)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(

@@ -12,7 +12,13 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from verispec import LLM, SamplingParams
-from verispec.api.chat import ROLES, as_conversations, chat_prompt, check_text
+from verispec.api.chat import (
+    RESERVED_TEMPLATE_NAMES,
+    ROLES,
+    as_conversations,
+    chat_prompt,
+    check_text,
+)
 
 OTHER = [{"role": "user", "content": "class Point:"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -57,12 +63,31 @@ def test_chat_takes_a_list_of_conversations(chat_llm: LLM) -> None:
 
 
 def test_chat_template_kwargs_reach_the_template(chat_llm: LLM) -> None:
-    (out,) = chat_llm.chat(OTHER, GREEDY, chat_template_kwargs={"add_generation_prompt": False})
-    assert out.prompt == "<s><|user|>\nclass Point:</s>\n"
-    with pytest.raises(ValueError, match="must not set tokenize"):
-        chat_llm.chat(OTHER, GREEDY, chat_template_kwargs={"tokenize": True})
+    (out,) = chat_llm.chat(OTHER, GREEDY, chat_template_kwargs={"bos_token": "<B>"})
+    assert out.prompt == "<B><|user|>\nclass Point:</s>\n<|assistant|>\n"
     with pytest.raises(ValueError, match="chat_template_kwargs must be a dict, got list"):
         chat_llm.chat(OTHER, GREEDY, chat_template_kwargs=[("a", 1)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["conversation", "documents", "tokenize", "chat_template",
+                                  "add_generation_prompt", "continue_final_message", "return_dict",
+                                  "tokenizer_kwargs", "tools", "messages", "self", "range",
+                                  "raise_exception"])  # fmt: skip
+def test_a_reserved_template_name_is_a_value_error_naming_it(chat_llm: LLM, name: str) -> None:
+    """Before, conversation and documents were a TypeError, chat_template ran the caller's own
+    Jinja, and add_generation_prompt changed the prompt."""
+    with pytest.raises(ValueError, match=f"chat_template_kwargs must not set '{name}'"):
+        chat_llm.chat(OTHER, GREEDY, chat_template_kwargs={name: 1})
+    assert {"conversation", "documents", "chat_template", "tokenize", "add_generation_prompt",
+            "continue_final_message", "return_dict", "tokenizer_kwargs"} <= RESERVED_TEMPLATE_NAMES
+
+
+def test_any_failure_of_the_template_is_a_value_error(tokenizer: PreTrainedTokenizerFast) -> None:
+    """A variable the template calls but which is not callable was a TypeError."""
+    calls = copy.deepcopy(tokenizer)
+    calls.chat_template = "{{ greet() }}"
+    with pytest.raises(ValueError, match="refused the messages: TypeError: 'str' object is not"):
+        chat_prompt(calls, OTHER, "m", {"greet": "hello"})
 
 
 def test_model_without_a_chat_template_is_a_value_error(llama_checkpoint: Path) -> None:

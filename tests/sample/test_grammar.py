@@ -12,7 +12,12 @@ import torch
 
 from tests.helpers.distribution import VOCAB, char_tokenizer
 from verispec import StructuredOutputsParams
-from verispec.sample.grammar import GrammarCompiler, GrammarMatcher, grammar_text
+from verispec.sample.grammar import (
+    GrammarCompiler,
+    GrammarMatcher,
+    grammar_text,
+    language_is_empty,
+)
 
 # a .. i are ids 3 .. 11; </s> (1) is EOS. The second letter depends on the first.
 REGEX = r"(a(b|c)|d(e|f|g)|h[a-i])[a-i][a-i]+"
@@ -88,6 +93,8 @@ def test_a_finished_choice_allows_only_eos(compiler: GrammarCompiler) -> None:
         (StructuredOutputsParams(json={"type": "nonsense"}), "JSON schema is invalid"),
         (StructuredOutputsParams(json="{not json"), "not valid JSON"),
         (StructuredOutputsParams(grammar="start: (("), "grammar is invalid"),
+        (StructuredOutputsParams(regex="[a&&b]"), "regex matches no text at all"),
+        (StructuredOutputsParams(grammar="start: /[a&&b]/"), "grammar matches no text at all"),
     ],
 )
 def test_bad_constraints_are_value_errors(
@@ -95,6 +102,26 @@ def test_bad_constraints_are_value_errors(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         compiler.matcher(spec)
+
+
+@pytest.mark.parametrize(("spec", "empty"), [
+    (StructuredOutputsParams(regex="[a&&b]"), True),  # a class with no member
+    (StructuredOutputsParams(regex="x[^\\s\\S]"), True),  # dead after a forced x
+    (StructuredOutputsParams(grammar="start: /[a&&b]/"), True),
+    (StructuredOutputsParams(grammar='start: "xyzzy" /[a&&b]/'), True),  # after forced bytes
+    (StructuredOutputsParams(grammar='start: a\na: "x" a'), True),  # a rule that never ends
+    (StructuredOutputsParams(grammar='start: ""'), False),  # the empty text is a text
+    (StructuredOutputsParams(regex="a+"), False),
+    (StructuredOutputsParams(regex="(a|[a&&b])"), False),
+    (StructuredOutputsParams(grammar='start: a\na: "x" a | "y"'), False),
+    (StructuredOutputsParams(grammar='start: "q" | a\na: "x" a'), False),
+    (StructuredOutputsParams(grammar='start: "' + "ab" * 5000 + '"'), False),
+    (StructuredOutputsParams(choice=["yes", "no"]), False),
+    (StructuredOutputsParams(json={"type": "object"}), False),
+    (StructuredOutputsParams(json={"enum": ["a", 1, None]}), False),
+], ids=lambda v: str(v)[:50])  # fmt: skip
+def test_language_is_empty(spec: StructuredOutputsParams, empty: bool) -> None:
+    assert language_is_empty(grammar_text(spec)) is empty
 
 
 def test_json_layout_is_compact_with_spaces(compiler: GrammarCompiler) -> None:

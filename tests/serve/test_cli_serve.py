@@ -33,7 +33,8 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         [sys.executable, "-m", "verispec.cli", "serve", "--model", str(target), "--port",
          str(port), "--speculative-config", spec, "--api-key", "k", "--max-num-seqs", "2",
          "--max-model-len", "128", "--max-request-bytes", "100000",
-         "--max-sequences-per-request", "4"],
+         "--max-sequences-per-request", "4", "--trust-request-chat-template",
+         "--template-timeout", "5", "--body-timeout", "10", "--max-prompt-bytes", "1000"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:
@@ -60,11 +61,28 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         with pytest.raises(openai.APIStatusError, match="at most 100000") as too_large:
             client.completions.create(model=model.id, prompt="x" * 100_000, max_tokens=1)
         assert too_large.value.status_code == 413
+        own = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        chat = client.chat.completions.create(
+            model=model.id, messages=[{"role": "user", "content": "def f():"}], max_tokens=2,
+            extra_body={"chat_template_kwargs": {"chat_template": own}, "return_token_ids": True},
+        )  # fmt: skip
+        assert chat.choices[0].model_extra["prompt_token_ids"] == client_tokens(target, "def f():")
+        with pytest.raises(openai.APIStatusError, match="at most 1000 bytes") as long_prompt:
+            client.chat.completions.create(model=model.id, max_tokens=1,
+                                           messages=[{"role": "user", "content": "y" * 1000}])
+        assert long_prompt.value.status_code == 413
     finally:
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert process.returncode in (0, -15), output
     assert "serving" in output
+
+
+def client_tokens(target: Path, text: str) -> list[int]:
+    """The ids of a text as the served tokenizer writes them, without special tokens."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(target)).encode(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +97,11 @@ def test_serve_process_answers_the_openai_client(chat_pair: tuple[Path, Path]) -
         (["--served-model-name", " "], "--served-model-name must not be empty"),
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
         (["--max-sequences-per-request", "-2"], "--max-sequences-per-request must be >= 1"),
+        (["--max-prompt-bytes", "0"], "--max-prompt-bytes must be >= 1"),
+        (["--body-timeout", "0"], "--body-timeout must be a number of seconds > 0"),
+        (["--body-timeout", "inf"], "--body-timeout must be a number of seconds > 0"),
+        (["--template-timeout", "-1"], "--template-timeout must be a number of seconds > 0"),
+        (["--allowed-origins", "localhost:3000/"], "allowed origin 'localhost:3000/' is not"),
     ],
 )
 def test_bad_serve_options_exit_2_with_one_line(

@@ -67,6 +67,11 @@ BAD_COMPLETIONS = [
     (completion(guided_regex="a(b"), "guided_regex"),
     (completion(guided_json="{"), "guided_json"),
     (completion(guided_grammar="start: nothing_here"), "guided_grammar"),
+    (completion(guided_regex="[a&&b]"), "guided_regex"),  # compiles, matches nothing
+    (completion(guided_regex="x[^\\s\\S]"), "guided_regex"),
+    (completion(guided_grammar="start: /[a&&b]/"), "guided_grammar"),
+    (completion(guided_grammar='start: a\na: "x" a'), "guided_grammar"),  # never ends
+    (completion(structured_outputs={"regex": "[a&&b]"}), "structured_outputs"),
     (completion(tools=[]), "tools"),  # chat only
 ]
 
@@ -93,7 +98,8 @@ BAD_CHATS = [
     (chat(logprobs=True, top_logprobs=50), "top_logprobs"),
     (chat(max_tokens=2, max_completion_tokens=2), "max_completion_tokens"),
     (chat(max_completion_tokens=0), "max_completion_tokens"),
-    (chat(chat_template_kwargs={"tokenize": True}), "messages"),
+    (chat(chat_template_kwargs={"tokenize": True}), "chat_template_kwargs.tokenize"),
+    (chat(guided_grammar='start: "xyzzy" /[a&&b]/'), "guided_grammar"),
     (chat(tools=[{"type": "function"}]), "tools.0.function"),
     (chat(tools=[{"type": "function", "function": {"name": "has space"}}]),
      "tools.0.function.name"),

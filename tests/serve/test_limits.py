@@ -1,6 +1,7 @@
 """The limits on one request: a body over --max-request-bytes is a 413 in OpenAI's schema
-(declared or chunked), prompts x n over --max-sequences-per-request a 400 naming them, and a
-large body is tokenized off the event loop, so /health answers meanwhile."""
+(declared or chunked), a body still arriving after --body-timeout a 408, prompts x n over
+--max-sequences-per-request a 400 naming them, and a large body is tokenized off the event
+loop, so /health answers meanwhile."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from verispec.serve import Server, ServerLimits
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LIMIT = 4096
+BODY_TIMEOUT_S = 1.0
 
 
 def completion(**fields: Any) -> dict[str, Any]:
@@ -33,7 +35,8 @@ def completion(**fields: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def small(chat_pair: tuple[Path, Path]) -> Iterator[Server]:
     """The target alone (no drafts), with small limits."""
-    limits = ServerLimits(max_request_bytes=LIMIT, max_sequences_per_request=6)
+    limits = ServerLimits(max_request_bytes=LIMIT, max_sequences_per_request=6,
+                          body_timeout_s=BODY_TIMEOUT_S)  # fmt: skip
     with Server(LLM(model=str(chat_pair[0])).engine, port=0, limits=limits) as s:
         yield s
 
@@ -82,6 +85,34 @@ def test_a_large_refused_body_is_answered_not_reset(small: Server) -> None:
                      b"\r\n\r\n")  # fmt: skip
         head = sock.recv(4096)
     assert head.startswith(b"HTTP/1.1 413"), head
+
+
+def test_a_slow_sender_gets_a_408_and_loses_its_connection(small: Server) -> None:
+    """A byte every 0.2 s: the body is not whole after the timeout, so the server answers 408
+    and closes the connection (there was no body-read timeout: it held on)."""
+    host, port = small.url.removeprefix("http://").split(":")
+    body = json.dumps(completion()).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        sock.settimeout(0.2)
+        answer = b""
+        for i in range(len(body)):
+            try:
+                answer = sock.recv(65536)
+                break
+            except TimeoutError:
+                sock.sendall(body[i : i + 1])
+        assert i < len(body) - 1  # answered before the body was complete
+        sock.settimeout(30)
+        while not answer.endswith(b"}"):
+            answer += sock.recv(65536)
+        assert sock.recv(1) == b""  # closed
+    head, _, reply = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    error = json.loads(reply)["error"]
+    assert error["code"] == "request_timeout" and "--body-timeout" in error["message"]
+    assert call(small.url, "/health")[0] == 200
 
 
 def test_prompts_times_n_over_the_cap_is_a_400_naming_them(small: Server) -> None:
@@ -134,11 +165,25 @@ def test_tokenizing_a_prompt_leaves_the_event_loop_free(
     assert statistics.median(latencies) < 0.1, latencies
 
 
-@pytest.mark.parametrize("field", ["max_request_bytes", "max_sequences_per_request"])
+@pytest.mark.parametrize("field", ["max_request_bytes", "max_sequences_per_request",
+                                   "max_prompt_bytes", "template_memory_bytes",
+                                   "template_workers"])  # fmt: skip
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
 def test_server_limits_must_be_positive_integers(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=f"{field} must be an integer >= 1"):
         ServerLimits(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["body_timeout_s", "template_timeout_s"])
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), True, "1"])
+def test_server_time_limits_must_be_positive_seconds(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be a number of seconds > 0"):
+        ServerLimits(**{field: value})
+
+
+def test_the_prompt_cap_follows_the_context_unless_given() -> None:
+    assert ServerLimits().prompt_bytes(8192) == 64 * 8192
+    assert ServerLimits(max_prompt_bytes=1000).prompt_bytes(8192) == 1000
 
 
 def test_a_prompt_too_long_is_refused_with_its_exact_token_count(small: Server) -> None:

@@ -113,7 +113,6 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"tools": [ADD, ADD]}, "tools"),
-    ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"anyOf": []}}}],
       "tool_choice": "required"}, "tools"),
     ({"tools": [ADD, {"type": "function", "function": {"name": "f",

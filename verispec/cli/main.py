@@ -8,7 +8,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verispec.bench.plan import ENGINES
 from verispec.cli.options import acceptance_line, add_model_options, load_llm, sampling_params
@@ -16,6 +16,9 @@ from verispec.cli.verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names
 from verispec.models.catalog.hub import model_names, pull
 from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
+
+if TYPE_CHECKING:
+    from verispec.serve import ServerLimits
 
 EXIT_BAD_INPUT = 2
 
@@ -87,6 +90,23 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-sequences-per-request", type=int, default=None, metavar="N",
                        help="most sequences (prompts x n) one request may queue; more is a 400 "
                        "(default 64)")  # fmt: skip
+    serve.add_argument("--body-timeout", type=float, default=None, metavar="S",
+                       help="seconds a request body may take to arrive whole; slower is a 408 "
+                       "(default 30)")  # fmt: skip
+    serve.add_argument("--max-prompt-bytes", type=int, default=None, metavar="N",
+                       help="largest rendered chat prompt in bytes, refused (413) before it is "
+                       "tokenized (default 64 per token of the context)")  # fmt: skip
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="let requests send their own Jinja chat template "
+                       "(chat_template_kwargs.chat_template), rendered in a worker process "
+                       "under --template-timeout and a memory cap; off, it is a 400")  # fmt: skip
+    serve.add_argument("--template-timeout", type=float, default=None, metavar="S",
+                       help="with --trust-request-chat-template: seconds a request's template "
+                       "may render (default 2)")  # fmt: skip
+    serve.add_argument("--allowed-origins", type=_csv(str), default=(), metavar="ORIGINS",
+                       help="let browser pages from these origins call the API (CORS), "
+                       "comma-separated, e.g. http://localhost:3000; * for any (default: "
+                       "none)")  # fmt: skip
 
 
 def _csv(kind: type) -> Any:
@@ -298,7 +318,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
-    from verispec.serve import Server, ServerLimits
+    from verispec.models.kernels.quantization import numerics_name
+    from verispec.serve import Server
+    from verispec.serve.middleware import check_origins
 
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
@@ -306,16 +328,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--long-prefill-chunk must be >= 1, got {args.long_prefill_chunk}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name must not be empty")
-    given = {name: getattr(args, name) for name in ("max_request_bytes",
-             "max_sequences_per_request") if getattr(args, name) is not None}  # fmt: skip
-    for name, value in given.items():
-        if value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    limits = ServerLimits(**given)
+    limits = _server_limits(args)
+    origins = check_origins(args.allowed_origins)
     api_key = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY")
     llm = load_llm(args)
     server = Server(llm.engine, args.host, args.port, api_key, args.served_model_name,
-                    log_level="info", limits=limits)  # fmt: skip
+                    log_level="info", limits=limits,
+                    allowed_origins=origins)  # fmt: skip
     engine = llm.engine
     spec = engine.config.speculative
     drafting = "off" if spec is None else (
@@ -325,10 +344,32 @@ def _serve(args: argparse.Namespace) -> int:
     caching = "on" if engine.prefix_cache is not None else "off"
     print(f"verispec: serving {server.model_name} on http://{args.host}:{args.port} "
           f"(chat page at /, API at /v1); speculation: {drafting}; prefix caching: "
-          f"{caching}; kernels: {_kernel_line(engine.model.kernels())}", file=sys.stderr,
-          flush=True)  # fmt: skip
+          f"{caching}; numerics: {numerics_name(engine.config.quantization)}; kernels: "
+          f"{_kernel_line(engine.model.kernels())}", file=sys.stderr, flush=True)  # fmt: skip
     server.run()
     return 0
+
+
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The ServerLimits `verispec serve`'s flags ask for (the defaults where none is given)."""
+    import math
+
+    from verispec.serve import ServerLimits
+
+    counts = ("max_request_bytes", "max_sequences_per_request", "max_prompt_bytes")
+    given = {name: getattr(args, name) for name in counts if getattr(args, name) is not None}
+    for name, value in given.items():
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for flag in ("body_timeout", "template_timeout"):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{flag.replace('_', '-')} must be a number of seconds > 0, "
+                             f"got {value}")  # fmt: skip
+        given[f"{flag}_s"] = value
+    return ServerLimits(**given, trust_request_chat_template=args.trust_request_chat_template)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -349,6 +390,8 @@ def _kernel_line(kernels: dict[str, str]) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     import torch
+
+    from verispec.models.kernels.quantization import numerics_name
 
     params = sampling_params(args)
     llm = load_llm(args)
@@ -371,7 +414,8 @@ def _generate(args: argparse.Namespace) -> int:
         "draft": spec.model if spec else None,
         "batch_invariant": args.batch_invariant,
         "compile": args.compile,
-        "quantization": args.quantization,
+        "quantization": engine.config.quantization,
+        "numerics": numerics_name(engine.config.quantization),
         "draft_quantization": spec.quantization if spec else None,
         "speculative": dataclasses.asdict(spec) if spec else None,
         "kernels": engine.model.kernels(),

@@ -14,7 +14,12 @@ from verispec.api.sampling_params import SamplingParams
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.engine.stats import SpecStats
-from verispec.models.kernels.quantization import DRAFT_FLAG_VALUES, QUANTIZATIONS, from_draft_flag
+from verispec.models.kernels.quantization import (
+    AUTO_NUMERICS,
+    DRAFT_FLAG_VALUES,
+    FLAG_VALUES,
+    from_draft_flag,
+)
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
@@ -45,9 +50,11 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
     cmd.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16")
     cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     cmd.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
-    cmd.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
-                     help="round the model's linear weights at load (output then follows the "
-                     "rounded model)")  # fmt: skip
+    cmd.add_argument("--quantization", choices=FLAG_VALUES, default=AUTO_NUMERICS,
+                     help="the model's numerics: auto (a8 for a quantized GGUF file on the CPU, "
+                     "else none), none (exact float inputs), or round the weights (and with "
+                     "a8/w8a8/w4a8 each product's input) at load; output follows the model "
+                     "that runs")  # fmt: skip
     spec = cmd.add_argument_group(
         "speculative decoding (default: a named model's own drafter, else off)"
     )
@@ -251,7 +258,7 @@ def load_llm(args: argparse.Namespace) -> LLM:
     return LLM(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         progress=True, speculative=spec, batch_invariant=args.batch_invariant,
-        quantization=args.quantization, compile=args.compile, **engine_options,
+        quantization=from_draft_flag(args.quantization), compile=args.compile, **engine_options,
     )  # fmt: skip
 
 

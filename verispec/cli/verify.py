@@ -197,6 +197,7 @@ def _load(args: argparse.Namespace, spec: SpecConfig, mode: str) -> LLM:
     """The configuration's LLM; for sampling, one that decodes many short requests at once and
     computes the shared prompt's KV once (prefix caching, exact)."""
     from verispec import LLM
+    from verispec.models.kernels.quantization import from_draft_flag
 
     options: dict[str, Any] = {}
     if mode == "sampling":
@@ -206,21 +207,24 @@ def _load(args: argparse.Namespace, spec: SpecConfig, mode: str) -> LLM:
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
     return LLM(model=args.model, dtype=args.dtype, device=args.device,
                max_model_len=args.max_model_len, progress=True, speculative=spec,
-               batch_invariant=args.batch_invariant, quantization=args.quantization,
-               compile=args.compile, **options)  # fmt: skip
+               batch_invariant=args.batch_invariant,
+               quantization=from_draft_flag(args.quantization), compile=args.compile,
+               **options)  # fmt: skip
 
 
 def _local_settings(
     args: argparse.Namespace, llm: LLM, spec: SpecConfig, note: str | None
 ) -> dict[str, Any]:
     from verispec.models.catalog.hub import DEFAULT_MODEL
+    from verispec.models.kernels.quantization import numerics_name
 
     engine = llm.engine
     settings = {
         "model": args.model or f"{DEFAULT_MODEL} (the default)",
         "dtype": str(engine.model.dtype).removeprefix("torch."), "device": str(engine.device),
         "speculation": describe_spec(spec), "adaptive policy": note,
-        "batch-invariant": args.batch_invariant, "quantization": args.quantization,
+        "batch-invariant": args.batch_invariant,
+        "numerics": numerics_name(engine.config.quantization),
         "compile": args.compile,
     }  # fmt: skip
     return {k: v for k, v in settings.items() if v is not None}

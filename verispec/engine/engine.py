@@ -27,6 +27,7 @@ from verispec.models.weights.loader import (
     resolve_device,
     resolve_dtype,
     resolve_model_path,
+    resolve_quantization,
 )
 from verispec.sample.grammar import GrammarCompiler
 from verispec.sample.rejection import Verdict
@@ -48,6 +49,9 @@ class Engine:
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)
+        quantization = resolve_quantization(config.quantization, self.model_path, self.device,
+                                            dtype, config.linear_backend, config.compile)
+        self.config = config = replace(config, quantization=quantization)
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,
             batch_invariant=config.batch_invariant, quantization=config.quantization,

@@ -15,10 +15,11 @@ drafter warp identically and the verified distribution is the constrained one
 
 from __future__ import annotations
 
+import array
 import copy
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import llguidance
 import torch
@@ -59,6 +60,48 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     return llguidance.LLMatcher.grammar_from_lark(spec.grammar)
 
 
+FORCED_PREFIX_TOKENS = 64
+"""How many of a grammar's forced bytes `language_is_empty` follows before it stops looking."""
+
+
+class _ByteTokenizer:
+    """A tokenizer of single bytes, and EOS as token 256, in the shape llguidance's
+    TokenizerWrapper reads: a grammar's masks over it say which bytes may come next."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens: ClassVar[list[bytes]] = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    special_token_ids: ClassVar[list[int]] = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+def language_is_empty(grammar: str) -> bool:
+    """Whether no text matches a (valid) llguidance grammar: its matcher is dead at the start,
+    or after the bytes the grammar forces (up to FORCED_PREFIX_TOKENS). Checked over bytes, so
+    the answer holds for every tokenizer. It finds a regex or a terminal that matches nothing
+    (`[a&&b]`) and a rule that never ends (`a: "x" a`), not an empty branch behind a free
+    choice (`start: ("a" | "b") /[a&&b]/`).
+
+    >>> language_is_empty(llguidance.LLMatcher.grammar_from_regex("[a&&b]"))
+    True
+    >>> language_is_empty(llguidance.LLMatcher.grammar_from_lark('start: "yes" | "no"'))
+    False
+    """
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer()), slices=[])
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    mask = array.array("I", bytes(4 * ((tokenizer.vocab_size + 31) // 32)))
+    matcher.unsafe_compute_mask_ptr(mask.buffer_info()[0], len(mask) * mask.itemsize)
+    if matcher.is_error():  # computing the mask finds a start state with no way on
+        return True
+    forced = matcher.compute_ff_tokens()[:FORCED_PREFIX_TOKENS]
+    if forced:
+        matcher.try_consume_tokens(forced)
+        matcher.unsafe_compute_mask_ptr(mask.buffer_info()[0], len(mask) * mask.itemsize)
+    return matcher.is_error()
+
+
 class GrammarCompiler:
     """The tokenizer as llguidance sees it (built once per engine: about a second for a large
     vocabulary), and the matchers of requests' constraints."""
@@ -83,6 +126,8 @@ class GrammarCompiler:
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
             raise ValueError(f"structured_outputs: {_kind(spec)} is invalid: {error.strip()}")
+        if language_is_empty(grammar):
+            raise ValueError(f"structured_outputs: {_kind(spec)} matches no text at all")
         return GrammarMatcher(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0),
                               self.vocab_size)  # fmt: skip
 

@@ -1,34 +1,37 @@
 """The OpenAI-compatible HTTP API on FastAPI: the app and its routes (completions, chat
-completions streamed with Server-Sent Events or not, models, health, Prometheus metrics and the
-chat page at `/`). Errors are answered in OpenAI's shape (serve/errors.py); the response bodies
-are built by serve/openai_format.py. A failed engine step is a 500 for the requests it was
-serving only. Prompts are checked, templated and tokenized in a worker thread, so that a large
-body does not hold up the event loop (and every other client) while it is tokenized.
+completions streamed with Server-Sent Events or not, models, health, Prometheus metrics, the
+chat page at `/` and the API's page at `/docs`). Errors are answered in OpenAI's shape
+(serve/errors.py); the response bodies are built by serve/openai_format.py. A failed engine step
+is a 500 for the requests it was serving only. Prompts are checked, templated and tokenized in a
+worker thread, so that a large body does not hold up the event loop (and every other client)
+while it is tokenized; a request's own chat template renders in a worker process
+(serve/template_workers.py). The layers around the routes (API key, body limits, HEAD, CORS)
+are serve/middleware.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from verispec.api.chat import chat_prompt, require_chat_template
+from verispec.api.chat import require_chat_template
 from verispec.api.outputs import RequestOutput
 from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import DeltaMaker
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.errors import FIELD_NAMES, APIError, add_error_handlers
-from verispec.serve.limits import BodyLimit, ServerLimits
+from verispec.serve.limits import ServerLimits
+from verispec.serve.middleware import add_layers
 from verispec.serve.openai_format import SSE_DONE, Reply, sse_event
+from verispec.serve.prompts import chat_prompt, completion_prompts, disconnected, too_long
 from verispec.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,31 +41,13 @@ from verispec.serve.protocol import (
     ModelCard,
     ModelList,
 )
+from verispec.serve.state import ServerState
 from verispec.serve.structured import requested_constraint
-from verispec.serve.tools import OutputPlan, plan_output
+from verispec.serve.template_workers import TemplateWorkers
+from verispec.serve.tools import OutputPlan
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""
-
-
-@dataclass(slots=True)
-class ServerState:
-    """What the routes share: the engine, the names the model answers to, the API key, the
-    limits on one request."""
-
-    engine: AsyncEngine
-    model_name: str
-    api_key: str | None
-    created: int
-    limits: ServerLimits
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.engine.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
 
 
 def create_app(
@@ -70,37 +55,45 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     limits: ServerLimits | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
-    """The FastAPI application serving `engine` (started and stopped with the app). A path
-    with a trailing slash is served as the path without it (no redirect)."""
+    """The FastAPI application serving `engine` (started and stopped with the app, as are the
+    template workers when the limits trust requests' own templates). A path with a trailing
+    slash is served as the path without it (no redirect); browsers on `allowed_origins` may call
+    it (CORS; "*": any origin)."""
     limits = limits or ServerLimits()
-    state = ServerState(engine, model_name, api_key, int(time.time()), limits)
+    templates = None
+    if limits.trust_request_chat_template:
+        templates = TemplateWorkers(limits.template_workers, limits.template_timeout_s,
+                                    limits.template_memory_bytes)  # fmt: skip
+    state = ServerState(engine, model_name, int(time.time()), limits, templates)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if templates is not None:
+            await templates.start()
+        try:
+            yield
+        finally:
+            if templates is not None:
+                await templates.stop()
+
     app = FastAPI(title="verispec", description="OpenAI-compatible speculative decoding server",
-                  version="0.1.0", redirect_slashes=False)  # fmt: skip
+                  version="0.1.0", redirect_slashes=False, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)  # fmt: skip
     app.state.verispec = state
     add_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
-    app.add_middleware(_TrailingSlash)
-
-    def authorize(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), state.api_key.encode()
-        ):
-            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")  # fmt: skip
-
-    guarded = [Depends(authorize)]
+    add_layers(app, api_key, limits, allowed_origins)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("verispec.serve").joinpath("page.html").read_text())
 
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(resources.files("verispec.serve").joinpath("docs.html").read_text())
+
     @app.get("/health")
-    @app.head("/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -110,24 +103,24 @@ def create_app(
         body = m.exposition() if m is not None else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> ModelList:
         card = ModelCard(id=state.model_name, created=state.created,
                          max_model_len=state.max_model_len)  # fmt: skip
         return ModelList(data=[card])
 
-    @app.post("/v1/completions", dependencies=guarded, response_model=None)
+    @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> Response | BaseModel:
         _check_request(state, body, _num_prompts(body.prompt))
         if body.best_of is not None and body.best_of != body.n:
             raise APIError(400, f"best_of must equal n ({body.n}): choices are not re-ranked",
                            "best_of")  # fmt: skip
-        prompts = await asyncio.to_thread(_completion_prompts, state, body)
+        prompts = await asyncio.to_thread(completion_prompts, state, body)
         plan = OutputPlan(await asyncio.to_thread(requested_constraint, body))
         return await _generate(state, body, raw, prompts, body.max_tokens, "max_tokens",
                                body.logprobs, chat=False, plan=plan)  # fmt: skip
 
-    @app.post("/v1/chat/completions", dependencies=guarded, response_model=None)
+    @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response | BaseModel:
         _check_request(state, body, 1)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -141,7 +134,7 @@ def create_app(
         except ValueError:
             raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
                            "prompt to /v1/completions", "messages") from None  # fmt: skip
-        text, ids, plan = await asyncio.to_thread(_chat_prompt, state, body)
+        text, ids, plan = await chat_prompt(state, body, raw)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         if body.max_completion_tokens is not None:
             max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
@@ -151,20 +144,6 @@ def create_app(
                                chat=True, plan=plan)  # fmt: skip
 
     return app
-
-
-class _TrailingSlash:
-    """ASGI middleware serving /v1/completions/ as /v1/completions (clients that add a slash get
-    the answer, not a redirect they may not follow with the body)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
-            scope = {**scope, "path": path.rstrip("/") or "/"}
-        await self.app(scope, receive, send)
 
 
 def _check_request(
@@ -199,111 +178,6 @@ def _num_prompts(prompt: Any) -> int:
     if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
         return 1
     return len(prompt)
-
-
-def _check_text(value: Any, path: str = "") -> None:
-    """Raise a 400 naming the first string in a request (a field, an item, a key) that is not
-    text: a lone surrogate, which JSON's escapes can write, cannot be encoded or tokenized."""
-    if isinstance(value, str):
-        if value.isascii():
-            return
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise APIError(400, f"{path}: invalid text at character {e.start}: a lone surrogate "
-                           f"U+{ord(value[e.start]):04X} (a surrogate escape must be one of a "
-                           "pair)", path or None) from None  # fmt: skip
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            _check_text(getattr(value, name), f"{path}.{name}" if path else name)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_text(item, f"{path}.{i}")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, path)
-            _check_text(item, f"{path}.{key}")
-
-
-def _too_long(state: ServerState, num_tokens: int, param: str) -> APIError:
-    return APIError(400, f"the prompt has {num_tokens} tokens but this model's context is "
-                    f"{state.max_model_len} tokens; shorten it", param,
-                    "context_length_exceeded")  # fmt: skip
-
-
-def _encode(
-    state: ServerState, text: str, param: str, add_special_tokens: bool = True
-) -> list[int]:
-    """Token ids of a text that fits the context, else the context error. The count comes from
-    the tokenizer's own encoding: a huge prompt's ids never become a Python list, whose making
-    and freeing hold the interpreter lock (and so the event loop) for long."""
-    hf = state.tokenizer.hf
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None:
-        ids = list(hf.encode(text, add_special_tokens=add_special_tokens))
-    else:
-        encoding = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
-        if len(encoding) >= state.max_model_len:
-            raise _too_long(state, len(encoding), param)
-        ids = encoding.ids
-    if len(ids) >= state.max_model_len:
-        raise _too_long(state, len(ids), param)
-    return ids
-
-
-class _ContextTokenizer:
-    """The served Hugging Face tokenizer as chat_prompt uses it, with encode() refusing a text
-    too long for the context from its count (see _encode)."""
-
-    def __init__(self, state: ServerState) -> None:
-        self._state = state
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._state.tokenizer.hf, name)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return _encode(self._state, text, "messages", add_special_tokens)
-
-
-def _chat_prompt(
-    state: ServerState, body: ChatCompletionRequest
-) -> tuple[str, list[int], OutputPlan]:
-    """(text, token ids) of a chat request's messages with its tools rendered, and what its
-    output must match and is parsed for; its text checked first (a worker thread runs this:
-    templating, tokenizing and compiling a constraint take long)."""
-    _check_text(body)
-    plan = plan_output(body, state.tokenizer.hf, state.model_name, requested_constraint(body))
-    kwargs = {**(body.chat_template_kwargs or {}),
-              **({"tools": plan.template_tools} if plan.template_tools else {})}  # fmt: skip
-    try:
-        text, ids = chat_prompt(_ContextTokenizer(state), [m.as_dict() for m in body.messages],
-                                state.model_name, kwargs)  # fmt: skip
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from None
-    return text, ids, plan
-
-
-def _completion_prompts(
-    state: ServerState, body: CompletionRequest
-) -> list[tuple[list[int], str | None]]:
-    """(token ids, text) of each prompt of a completions request, its text checked first (a
-    worker thread runs this)."""
-    _check_text(body)
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if not prompt:
-        raise APIError(400, "prompt is empty; give text, texts, token ids or lists of them",
-                       "prompt")  # fmt: skip
-    if isinstance(prompt[0], int):  # validated: a list of ids, or of strings or lists
-        prompt = [prompt]
-    out = []
-    for p in prompt:
-        if isinstance(p, str):
-            out.append((_encode(state, p, "prompt"), p))
-        else:
-            out.append((list(p), None))
-    return out
 
 
 async def _generate(
@@ -354,7 +228,7 @@ def _choice_params(
     room = state.max_model_len - num_prompt_tokens
     if room < 1:
         param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        raise _too_long(state, num_prompt_tokens, param)
+        raise too_long(state, num_prompt_tokens, param)
     if max_tokens is None:
         default = room if isinstance(body, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
         max_tokens = min(default, room)
@@ -376,7 +250,7 @@ async def _collect(state: ServerState, group: RequestGroup, raw: Request) -> lis
     watcher awaits the disconnect while tokens flow)."""
     outputs: dict[int, RequestOutput] = {}
     stream = aiter(group)
-    gone = asyncio.ensure_future(_disconnected(raw))
+    gone = asyncio.ensure_future(disconnected(raw))
     next_item = asyncio.ensure_future(anext(stream))
     try:
         while True:
@@ -400,13 +274,6 @@ async def _collect(state: ServerState, group: RequestGroup, raw: Request) -> lis
     if len(outputs) < len(group.requests):  # nobody is left to read this
         raise APIError(400, "the client disconnected before the answer was complete")
     return [outputs[i] for i in range(len(outputs))]
-
-
-async def _disconnected(raw: Request) -> None:
-    """Return when the client has closed its connection (ASGI's http.disconnect; the body was
-    read before, so nothing else arrives on a request's channel)."""
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _sse(

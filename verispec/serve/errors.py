@@ -1,7 +1,8 @@
 """Errors in OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 for a bad field
-or body (never FastAPI's 422), 401 for a missing or wrong API key, 404 for an unknown route, 413
-for a body over the size limit, 415 for a body that is not sent as JSON, 500 for a failed engine
-step or an unexpected exception.
+or body (never FastAPI's 422), 401 for a missing or wrong API key, 404 for an unknown route, 408
+for a body that did not arrive in time, 413 for a body or a rendered prompt over its size limit,
+415 for a body that is not sent as JSON, 429 when the template workers are all busy, 500 for a
+failed engine step or an unexpected exception.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def add_error_handlers(app: FastAPI) -> None:
                             ).response()  # fmt: skip
         if e.status_code == 413:
             return APIError(413, str(e.detail), code="request_too_large").response()
+        if e.status_code == 408:
+            return APIError(408, str(e.detail), code="request_timeout").response()
         return APIError(e.status_code, str(e.detail)).response()
 
     @app.exception_handler(Exception)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -24,7 +25,8 @@ def served_name(engine: Engine) -> str:
 
 
 class Server:
-    """One engine behind the OpenAI-compatible API on host:port (port 0: a free one)."""
+    """One engine behind the OpenAI-compatible API on host:port (port 0: a free one); browsers
+    on `allowed_origins` may call it (CORS; none by default)."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class Server:
         model_name: str | None = None,
         log_level: str = "warning",
         limits: ServerLimits | None = None,
+        allowed_origins: Sequence[str] = (),
     ) -> None:
         if api_key is not None and not api_key.strip():
             raise ValueError("api_key must not be empty (omit it to serve without a key)")
@@ -44,7 +47,8 @@ class Server:
         self.metrics = ServerMetrics(self.model_name)
         self.engine = AsyncEngine(engine, self.metrics)
         self.limits = limits or ServerLimits()
-        self.app = create_app(self.engine, self.model_name, api_key, self.limits)
+        self.app = create_app(self.engine, self.model_name, api_key, self.limits,
+                              allowed_origins)  # fmt: skip
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=1)  # fmt: skip
         self._uvicorn = uvicorn.Server(config)

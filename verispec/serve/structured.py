@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from verispec.api.sampling_params import StructuredOutputsParams
-from verispec.sample.grammar import grammar_text
+from verispec.sample.grammar import grammar_text, language_is_empty
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputsField
 
@@ -75,7 +75,8 @@ def _schema(value: dict[str, Any] | str) -> dict[str, Any]:
 
 def check_constraint(params: StructuredOutputsParams, field: str) -> None:
     """Raise a 400 naming `field` unless llguidance compiles the constraint's grammar (the one
-    the engine compiles, sample/grammar.py; here without the tokenizer, off the engine)."""
+    the engine compiles, sample/grammar.py; here without the tokenizer, off the engine) and
+    some text matches it (an answer that can match nothing could only be cut off)."""
     from llguidance import LLMatcher
 
     try:
@@ -85,3 +86,6 @@ def check_constraint(params: StructuredOutputsParams, field: str) -> None:
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise APIError(400, f"{field}: llguidance cannot compile it: {error.strip()}", field)
+    if language_is_empty(grammar):
+        raise APIError(400, f"{field}: no text matches it (its language is empty); give a "
+                       "constraint some answer can meet", field)  # fmt: skip

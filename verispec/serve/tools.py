@@ -79,9 +79,6 @@ def plan_output(
     if not takes_tools(tokenizer):
         raise APIError(400, f"the chat template of model {model_name} does not take tools; send "
                        "no tools or tool_choice: none", "tools")  # fmt: skip
-    if "tools" in (body.chat_template_kwargs or {}):
-        raise APIError(400, "give tools in the tools field, not in chat_template_kwargs",
-                       "chat_template_kwargs")  # fmt: skip
     rendered = [t.model_dump(exclude_none=True) for t in tools]
     one_call = body.parallel_tool_calls is False or named is not None
     if choice == "auto":

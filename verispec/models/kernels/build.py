@@ -1,9 +1,11 @@
 """The native kernel's library: the C sources in native/ (linear.c, layer.c, blocks.c,
-verispec.h) built once with the system's C compiler and loaded through ctypes.
+portable.c, verispec.h) built once with the system's C compiler and loaded through ctypes.
 
 The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
-without a compiler or a CPU with AVX2, F16C and FMA, `native_kernel()` says why and the
-linear layers use torch's kernels instead. A cached library whose ABI version is not
+without a compiler `native_kernel()` says why and the linear layers use torch's kernels
+instead. On x86-64 the products use AVX-512 or AVX2 + F16C + FMA where the CPU has them, else
+portable.c's plain C, as on every other machine (whose library is portable.c and blocks.c:
+products and loading, no native decoder stack). A cached library whose ABI version is not
 ffi.ABI_VERSION is rebuilt, never misread.
 """
 
@@ -14,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -23,15 +26,11 @@ from pathlib import Path
 from verispec.models.kernels import ffi
 from verispec.paths import cache_dir
 
-HEADER = Path(__file__).with_name("native") / "verispec.h"
+NATIVE = Path(__file__).with_name("native")
+HEADER = NATIVE / "verispec.h"
 """The C side of the boundary: WeightFormat's enum, the ABI version, the entry points."""
-INCLUDED = (HEADER, HEADER.with_name("a8_avx2.h"))
+INCLUDED = (HEADER, NATIVE / "a8_avx2.h")
 """The headers the sources include (hashed with them: linear.c includes a8_avx2.h twice)."""
-SOURCES = tuple(Path(__file__).with_name("native") / name
-                for name in ("linear.c", "layer.c", "blocks.c"))  # fmt: skip
-"""Built together into one library: the products (linear.c), the decoder layer's other work
-(layer.c, used by native_layer.py), and a GGUF file's blocks decoded and packed as codes
-(blocks.c, for loading)."""
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)
 
@@ -43,6 +42,22 @@ loop, AVX2's vpmaddubsw, AVX-VNNI's and AVX-512 VNNI's vpdpbusd."""
 log = logging.getLogger("verispec")
 
 
+def sources(machine: str | None = None) -> tuple[Path, ...]:
+    """The C sources built together into one library on this machine (platform.machine(), or
+    the one named): on x86-64 the products (linear.c, with portable.c for CPUs without its
+    instruction sets), the decoder layer's other work (layer.c, used by native_layer.py), and a
+    GGUF file's blocks decoded and packed as codes (blocks.c, for loading); elsewhere portable.c,
+    whose plain C stands in for linear.c's entry points there, and blocks.c.
+
+    >>> [p.name for p in sources("aarch64")]
+    ['portable.c', 'blocks.c']
+    """
+    machine = (machine or platform.machine()).lower()
+    if machine in ("x86_64", "amd64"):
+        return tuple(NATIVE / name for name in ("linear.c", "layer.c", "blocks.c", "portable.c"))
+    return (NATIVE / "portable.c", NATIVE / "blocks.c")
+
+
 @dataclass(frozen=True)
 class NativeKernel:
     """The loaded library and the instruction sets it runs with on this CPU (capped by
@@ -50,11 +65,14 @@ class NativeKernel:
 
     lib: ctypes.CDLL
     isa: int
-    """2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = portable C."""
+    """2 = AVX-512, 1 = AVX2 + F16C + FMA, 0 = portable C (portable.c)."""
     dot: int = 0
     """The integer dot product of the 8-bit products ("a8", "w8a8", "w4a8"), a DOT_NAMES index:
     3 = AVX-512 VNNI, 2 = AVX-VNNI, 1 = AVX2's vpmaddubsw, 0 = the scalar loop. Every one gives
     the same bits."""
+    stack: bool = True
+    """The native decoder stack (layer.c, native_layer.py) runs here: x86-64 code that needs
+    AVX2 and FMA. Where it does not, models run their layers in torch around the products."""
 
     @property
     def isa_name(self) -> str:
@@ -78,7 +96,8 @@ class NativeKernel:
     def paths(self) -> list[NativeKernel]:
         """This kernel on every instruction set and dot product it can narrow to, narrowest
         first (this one last): the paths whose products tests and benchmarks compare."""
-        return [NativeKernel(self.lib, isa, dot) for isa in range(self.isa + 1)
+        return [NativeKernel(self.lib, isa, dot, isa >= 1 and self.stack)
+                for isa in range(self.isa + 1)
                 for dot in range(self.lib.verispec_linear_dot(isa) + 1)
                 if (dot == 0) == (isa == 0) and (isa, dot) <= (self.isa, self.dot)]  # fmt: skip
 
@@ -99,7 +118,7 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where the built library is cached: named by a hash of the source, flags and compiler."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *INCLUDED)))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*sources(), *INCLUDED)))
     key.update(" ".join((compiler, *FLAGS, *LIBS)).encode())
     return cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
 
@@ -110,7 +129,7 @@ def build(compiler: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), *LIBS],
+            [compiler, *FLAGS, "-o", str(out), *map(str, sources()), *LIBS],
             capture_output=True, text=True, timeout=120,
         )
         if done.returncode != 0:
@@ -157,7 +176,7 @@ def _load(cap: int = 2) -> NativeKernel | NativeUnavailable:
             build(compiler, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        names = " and ".join(source.name for source in SOURCES)
+        names = ", ".join(source.name for source in sources())
         return NativeUnavailable(f"building {names} with {compiler} failed: {error}")
     if not hasattr(lib, "verispec_abi_version") or lib.verispec_abi_version() != ffi.ABI_VERSION:
         try:  # a library from other sources under this name: rebuild it, never misread it
@@ -170,12 +189,10 @@ def _load(cap: int = 2) -> NativeKernel | NativeUnavailable:
                 f"the native library reports ABI {lib.verispec_abi_version()}, verispec "
                 f"expects {ffi.ABI_VERSION} (native/verispec.h and ffi.py disagree)"
             )
-    isa = lib.verispec_linear_isa()
-    if isa not in (1, 2):
-        return NativeUnavailable("this CPU lacks AVX2, F16C and FMA, which the kernel needs")
+    isa = min(lib.verispec_linear_isa(), cap)
     ffi.declare(lib)
-    isa = min(isa, cap)
-    return NativeKernel(lib, isa, lib.verispec_linear_dot(isa))
+    stack = isa >= 1 and hasattr(lib, "verispec_decoder_stack")
+    return NativeKernel(lib, isa, lib.verispec_linear_dot(isa), stack)
 
 
 def loaded() -> NativeKernel:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 """verispec.h's VERISPEC_ABI_VERSION: a loaded library that reports another is rebuilt."""
 
 
@@ -38,7 +38,8 @@ class WeightFormat(IntEnum):
 
 def declare(lib: ctypes.CDLL) -> None:
     """Argument and result types of the library's entry points: linear.c's product and its
-    dot product's query, blocks.c's decoding and packing, and layer.c's
+    dot product's query (portable.c's elsewhere), blocks.c's decoding and packing, and layer.c's
+    where the library has it
     (`_declare_layer_functions`)."""
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
@@ -57,7 +58,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.verispec_q6_k_super.restype = None
     lib.verispec_pack_q6.argtypes = [pointer, size, size, pointer, ctypes.c_int]
     lib.verispec_pack_q6.restype = None
-    _declare_layer_functions(lib)
+    if hasattr(lib, "verispec_decoder_stack"):  # layer.c: x86-64 only
+        _declare_layer_functions(lib)
 
 
 def _declare_layer_functions(lib: ctypes.CDLL) -> None:

@@ -79,7 +79,9 @@ class NativeModel(Protocol):
 def supported(layers: Sequence[LayerWeights], config: ModelConfig, embed: torch.Tensor) -> bool:
     """Whether these layers can run this stack: float32 on the CPU, every product on the
     native kernel (so the library is loaded) with no column padding (the stack passes its
-    buffers to the kernel as they are), and an even head dimension (rotary halves)."""
+    buffers to the kernel as they are), an even head dimension (rotary halves), and a library
+    and CPU that run layer.c (NativeKernel.stack: x86-64 with AVX2; elsewhere the layers run
+    in torch, their products still on the native kernel)."""
     linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up,
                                                     layer.down)]  # fmt: skip
     return (
@@ -88,6 +90,7 @@ def supported(layers: Sequence[LayerWeights], config: ModelConfig, embed: torch.
         and bool(linears)
         and all(lin.kernel == "native" and _columns(lin) == lin.in_features for lin in linears)
         and config.head_dim % 2 == 0
+        and loaded().stack
     )
 
 

@@ -23,19 +23,28 @@ on their own, so a verify row still equals the decode step of the same input bit
 Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
+AUTO_NUMERICS = "auto"
+"""EngineConfig.quantization "auto" (the default): "a8" for a GGUF file whose linear weights are
+quantized blocks, run on a float32 CPU model by the native kernel (llama.cpp's own numerics,
+the same bits on every instruction-set path), else None (exact float inputs; safetensors
+checkpoints always). loader.resolve_quantization decides."""
+
 AUTO_DRAFT = "auto"
 """SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
 "w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
-products run on AVX-512 VNNI (a draft need not be exact, and its steps then cost much less:
-benchmarks/README.md), else as stored; heads as stored."""
+products run on a SIMD dot product (a draft need not be exact, and its steps then cost much
+less: benchmarks/README.md), else as stored; heads as stored."""
 
 
 DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
 """The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
+FLAG_VALUES = (AUTO_NUMERICS, "none", *QUANTIZATIONS)
+"""The values of the CLI's --quantization: "none" is exact float inputs (None)."""
 
 
 def from_draft_flag(value: str) -> str | None:
-    """SpecConfig.quantization for a --draft-quantization value: "none" (as stored) is None."""
+    """SpecConfig.quantization for a --draft-quantization (or --quantization) value: "none" (as
+    stored, exact float inputs) is None."""
     return None if value == "none" else value
 
 
@@ -46,9 +55,10 @@ def draft_quantization(
     """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT `rounding`
     (one of ACTIVATION_QUANTIZATIONS: "w8a8" unless the draft's catalog entry names another)
     on a float32 CPU model with the native backend available ("auto" or "native"), not
-    compiled, where the kernel has VNNI, else None. Example: ("auto", "auto", cpu, float32,
-    False) -> "w8a8" on an Ice Lake Xeon, None on a CPU without AVX-512 VNNI (its portable
-    8-bit loop would make the draft slower, not faster)."""
+    compiled, where the kernel's 8-bit products run on a SIMD dot product (AVX-512 VNNI,
+    AVX-VNNI or AVX2), else None. Example: ("auto", "auto", cpu, float32, False) -> "w8a8" on
+    an AVX2 or AVX-512 CPU, None on the portable path (its scalar 8-bit loop would make the
+    draft slower, not faster)."""
     if requested != AUTO_DRAFT:
         return requested
     if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
@@ -56,13 +66,24 @@ def draft_quantization(
     if compile:
         return None
     kernel = build.native_kernel()
-    return rounding if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
+    return rounding if isinstance(kernel, build.NativeKernel) and kernel.dot > 0 else None
+
+
+def numerics_name(quantization: str | None) -> str:
+    """What a resolved quantization means, for settings and start lines. Examples: "a8" ->
+    "a8 (8-bit inputs, as llama.cpp)", None -> "exact float inputs"."""
+    if quantization is None:
+        return "exact float inputs"
+    if quantization in ACTIVATION_QUANTIZATIONS:
+        return f"{quantization} (8-bit inputs, as llama.cpp)"
+    return f"{quantization} (weights rounded at load)"
 
 
 def check_quantization(
     name: str | None, what: str = "quantization", extra: tuple[str, ...] = ()
 ) -> None:
-    """ValueError unless name is None or one of QUANTIZATIONS (or extra)."""
+    """ValueError unless name is None or one of QUANTIZATIONS (or extra: AUTO_NUMERICS for a
+    target, AUTO_DRAFT for a draft)."""
     allowed = (*QUANTIZATIONS, *extra)
     if name is not None and name not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)} or None (off); got {name!r}")

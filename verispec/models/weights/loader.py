@@ -14,11 +14,11 @@ from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import named_model_path
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.affine import AffineCodes
-from verispec.models.kernels.backends import LinearBackend, choose_backend
+from verispec.models.kernels.backends import LinearBackend, choose_backend, native_usable
 from verispec.models.kernels.compiled import check_compile
 from verispec.models.kernels.ffi import release_freed_memory
 from verispec.models.kernels.linear import Linear, pack_together
-from verispec.models.kernels.quantization import check_quantization
+from verispec.models.kernels.quantization import AUTO_NUMERICS, check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.weights.gguf import (
     BlockEmbedding,
@@ -28,8 +28,9 @@ from verispec.models.weights.gguf import (
     is_gguf,
     read_gguf,
 )
-from verispec.models.weights.gguf_blocks import stacked
+from verispec.models.weights.gguf_blocks import CODED_TYPES, stacked
 from verispec.models.weights.gguf_cache import cached_description
+from verispec.models.weights.gguf_config import open_gguf
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -170,6 +171,31 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def resolve_quantization(
+    requested: str | None, path: Path, device: torch.device, dtype: torch.dtype,
+    linear_backend: LinearBackend = "auto", compile: bool = False,
+) -> str | None:  # fmt: skip
+    """The numerics a model runs with: `requested`, or for AUTO_NUMERICS "a8" where a GGUF file's
+    linear weights are quantized blocks (CODED_TYPES) that the native kernel computes here (a
+    float32 CPU model, backend "auto" or "native", not compiled), else None (exact float
+    inputs). Example: SmolLM2's Q4_1 file on a CPU -> "a8"; a safetensors checkpoint, an F16
+    GGUF file, or the Q4_1 file on a GPU -> None."""
+    if requested != AUTO_NUMERICS:
+        return requested
+    if not is_gguf(path) or device.type != "cpu" or dtype != torch.float32 or compile:
+        return None
+    if linear_backend not in ("auto", "native") or not native_usable():
+        return None
+    described = cached_description(path)
+    if described is None:
+        reader = open_gguf(path)
+        kinds = {int(t.tensor_type) for t in reader.tensors}
+        del reader
+    else:
+        kinds = {int(t["kind"]) for t in described[1]["tensors"]}
+    return "a8" if kinds & {int(t) for t in CODED_TYPES} else None
+
+
 def load_model(
     path: Path,
     dtype: torch.dtype,
@@ -186,13 +212,14 @@ def load_model(
     quantized blocks go straight into the native kernel's codes (gguf.gguf_weights), elsewhere
     they are dequantized, then cast to dtype like safetensors weights.
 
-    quantization (None, "fp16", "int8", "q8_0") rounds every linear layer's weight, the LM head
-    included; the embedding table stays as stored. compile runs the decoder stack through
-    torch.compile (models/kernels/compiled.py). vocab_ids: keep only these rows of the LM head
-    (build_model).
+    quantization (None, "fp16", "int8", "q8_0", ...) rounds every linear layer's weight, the LM
+    head included; the embedding table stays as stored; "auto" is resolve_quantization's.
+    compile runs the decoder stack through torch.compile (models/kernels/compiled.py).
+    vocab_ids: keep only these rows of the LM head (build_model).
     """
-    check_quantization(quantization)
+    check_quantization(quantization, extra=(AUTO_NUMERICS,))
     check_compile(compile, batch_invariant)
+    quantization = resolve_quantization(quantization, path, device, dtype, linear_backend, compile)
     backend = choose_backend(linear_backend, device, dtype, compile)
     weights: GGUFWeights | dict[str, torch.Tensor]
     if is_gguf(path) and device.type == "cpu" and dtype == torch.float32:

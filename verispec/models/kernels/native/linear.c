@@ -1477,7 +1477,12 @@ static int q8_mode(int format) {
 
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
-  const int level = isa & 3, asked = isa >> 2 & 3, best = verispec_linear_dot(level);
+  const int level = isa & 3, asked = isa >> 2 & 3;
+  if (level == 0) { /* neither AVX2 nor AVX-512 here (or asked for): portable.c's plain C */
+    verispec_linear_portable(format, x, w, scales, bias, y, T, N, K, threads);
+    return;
+  }
+  const int best = verispec_linear_dot(level);
   const int dot = asked < best ? asked : best; /* never one this CPU lacks */
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;

@@ -8,7 +8,7 @@
 
 /* Bumped whenever a format's layout, an entry point or a struct changes: a library built from
  * other sources is rebuilt, never misread. */
-#define VERISPEC_ABI_VERSION 7
+#define VERISPEC_ABI_VERSION 8
 
 /* What a packed weight holds (packing.py's packers lay each one out). */
 enum verispec_weight_format {
@@ -57,6 +57,10 @@ int verispec_linear_isa(void);
 int verispec_linear_dot(int isa);
 void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
                      const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
+/* portable.c: the same products in plain C for every format (verispec_linear's isa 0). */
+void verispec_linear_portable(int format, const float *x, const void *w, const float *scales,
+                              const float *bias, float *y, int64_t T, int64_t N, int64_t K,
+                              int threads);
 
 /* blocks.c: n GGUF blocks of a verispec_ggml_type -> affine codes (0, or -1 for another type);
  * codes [N, K] -> the kernel's codes layout, a byte each or (nibbles) two a byte. */
