@@ -61,14 +61,16 @@ def codes_of(fmt: F) -> affine.AffineCodes:
 
 
 def inputs() -> torch.Tensor:
-    """x [ROWS, 512]: chunks of many sizes, an all-zero chunk, and chunks whose codes are all
-    +127 or -127 (the largest integer sums)."""
+    """x [ROWS, 512]: chunks of many sizes, an all-zero chunk, chunks whose codes are all
+    +127 or -127 (the largest integer sums), and one of ties (x * 127 / max |x| = k + 0.5,
+    rounded to even)."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(ROWS, 512, generator=g) * torch.logspace(-3, 1, 512)
     x[0, :32] = 0.0
     x[1, :64] = 3.0
     x[2, 64:128] = -5.0
     x[3] = 1.0
+    x[4, 32:64] = torch.cat([torch.tensor([127.0]), torch.arange(31) - 14.5])  # 127 / max = 1
     return x
 
 

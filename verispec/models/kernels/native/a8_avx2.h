@@ -75,7 +75,8 @@ A8_TARGET INLINE void A8(half_scales)(const char *sb, int64_t c, const int h, __
                                      __m256 *m, const int kind) {
   if (kind == VERISPEC_Q4_SUPER_A8 || A8_Q6(kind)) {
     const int q6 = A8_Q6(kind);
-    const uint8_t *s = (const uint8_t *)sb + (c / SUPER_CHUNKS) * (q6 ? Q6_SUPER_BYTES : SUPER_BYTES);
+    const int64_t super_bytes = q6 ? Q6_SUPER_BYTES : SUPER_BYTES;
+    const uint8_t *s = (const uint8_t *)sb + (c / SUPER_CHUNKS) * super_bytes;
     const uint8_t *sub = s + (q6 ? 2 : 4) * R + (c % SUPER_CHUNKS) * 2 * R + 8 * h;
     const __m256 d16 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
     const __m256 second = q6 ? d16 : _mm256_cvtph_ps(_mm_loadu_si128(

@@ -715,29 +715,8 @@ typedef struct {
 INLINE int64_t at(const RoundedRows r, int64_t t, int64_t c) { return c * r.T + t; }
 
 /* Row t's chunk c of x rounded as above (q, d_x, mx, the sum's correction and its first half's
- * sum). */
-static inline void round_chunk(const float *x, int8_t *q, float *dx, float *mx, int32_t *corr,
-                               int32_t *half) {
-  float amax = 0.0f;
-  for (int l = 0; l < QC; l++) {
-    const float a = fabsf(x[l]);
-    amax = a > amax ? a : amax;
-  }
-  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-  int32_t sum = 0;
-  for (int l = 0; l < QC; l++) {
-    const int v = _mm_cvtss_si32(_mm_set_ss(x[l] * inv)); /* nearest, ties to even */
-    q[l] = (int8_t)v;
-    sum += v;
-    if (l == QC / 2 - 1) *half = sum;
-  }
-  *dx = amax / 127.0f;
-  *mx = *dx * (float)sum;
-  *corr = -128 * sum;
-}
-
-/* The same with AVX-512: max and integer sums are exact in any order, x * inv is one rounding
- * and vcvtps2dq rounds to nearest even, so the bits are round_chunk's. */
+ * sum) with AVX-512: max and integer sums are exact in any order, x * inv is one rounding and
+ * vcvtps2dq rounds to nearest even, so the bits are portable.c's round_chunk's. */
 AVX512 INLINE void round_chunk_avx512(const float *x, int8_t *q, float *dx, float *mx,
                                       int32_t *corr, int32_t *half) {
   const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
@@ -763,8 +742,8 @@ AVX512 static void round_rows_avx512(const float *x, int64_t n, RoundedRows r, i
 }
 
 /* The same with AVX2: 8 lanes at a time, the same operations (max of |x| kept where a lane is
- * NaN, as round_chunk's comparison does; each code x's int32's low byte, as its cast), so the
- * bits are round_chunk's. */
+ * NaN, as a scalar comparison does; each code x's int32's low byte, as a cast), so the bits
+ * are portable.c's round_chunk's. */
 AVX2 INLINE void round_chunk_avx2(const float *x, int8_t *q, float *dx, float *mx,
                                   int32_t *corr, int32_t *half) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -793,7 +772,8 @@ AVX2 INLINE void round_chunk_avx2(const float *x, int8_t *q, float *dx, float *m
   h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
   *half = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1))));
-  const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1))));
+  const int32_t sum =
+      _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1))));
   *dx = amax / 127.0f;
   *mx = *dx * (float)sum;
   *corr = -128 * sum;
@@ -816,15 +796,7 @@ static void round_rows(int isa, const float *x, int64_t T, int64_t K, RoundedRow
     round_rows_avx512(x, n, r, threads);
     return;
   }
-  if (isa == 1) {
-    round_rows_avx2(x, n, r, threads);
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t e = at(r, i / r.C, i % r.C);
-    round_chunk(x + i * QC, r.q + e * QC, r.dx + e, r.mx + e, r.corr + e, r.half + e);
-  }
+  round_rows_avx2(x, n, r, threads);
 }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,f16c,fma")))
@@ -1204,88 +1176,6 @@ static const A8Entry A8_BLOCKS[6] = {a8_blocks_bytes, a8_blocks_bytes_f32, a8_bl
 static const A8Entry A8_PAIRS[5] = {a8_pairs_bytes, a8_pairs_bytes_f32, a8_pairs_nibbles,
                                     a8_pairs_nibbles_f32, a8_pairs_nibbles_super};
 
-/* Element i of an a8 weight's d or m as float32 (the portable loop's scales16). */
-AVX2 INLINE float scale_at(const char *s, int64_t i, const int f32) {
-  return f32 ? ((const float *)s)[i] : _cvtsh_ss(((const H16 *)s)[i]);
-}
-
-/* The same sums on any CPU the kernel runs on (AVX2, or AVX-512 without VNNI): the same
- * integers, then the same two fmas per chunk in the same order, so the same bits. */
-AVX2 static void linear_a8_portable(const RoundedRows r, const uint8_t *codes,
-                                    const char *scales, const float *bias, float *y, int64_t T,
-                                    int64_t N, int64_t K, int64_t ldy, int threads,
-                                    const int nib, const int f32, const int sup) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC, chunk_bytes = nib ? R * QC / 2 : R * QC;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t *cb = codes + b * C * chunk_bytes;
-    const char *sb = scales + b * a8_scale_bytes(K, f32, sup);
-    float *converted = sup ? malloc(sizeof(float) * 2 * R * C) : NULL;
-    if (sup) {
-      widen_super((const uint8_t *)sb, converted, C);
-      sb = (const char *)converted;
-    }
-    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    for (int64_t t = 0; t < T; t++) {
-      float acc[R] = {0};
-      for (int64_t c = 0; c < C; c++) {
-        const int64_t tc = at(r, t, c);
-        const int8_t *q = r.q + tc * QC;
-        int32_t sum[R] = {0};
-        for (int k = 0; k < 8; k++)
-          for (int j = 0; j < R; j++)
-            for (int e = 0; e < 4; e++) {
-              const uint8_t u = cb[c * chunk_bytes + 64 * (nib ? k % 4 : k) + 4 * j + e];
-              sum[j] += (int32_t)(nib ? u >> (4 * (k / 4)) & 15 : u) * q[4 * k + e];
-            }
-        for (int j = 0; j < R; j++) {
-          const float scale = r.dx[tc] * scale_at(sb, c * 2 * R + j, f32);
-          acc[j] = fmaf(scale, (float)(sum[j] + (nib ? 0 : r.corr[tc])), acc[j]);
-          acc[j] = fmaf(scale_at(sb, c * 2 * R + R + j, f32), r.mx[tc], acc[j]);
-        }
-      }
-      for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
-    }
-    free(converted);
-  }
-}
-
-/* Kind 15's sums without VNNI: each block's chunk unpacked (unpack_q6_avx2: q = u - 32, in kind
- * 3's order), then per half sum q q_x, the same integers as tile_q6_a8's, and the same two fmas
- * in the same order, so the same bits. */
-AVX2 static void linear_q6_a8_portable(const RoundedRows r, const uint8_t *codes,
-                                       const char *scales, const float *bias, float *y,
-                                       int64_t T, int64_t N, int64_t K, int64_t ldy,
-                                       int threads) {
-  const int64_t blocks = (N + R - 1) / R, C = K / QC;
-  const int64_t scale_bytes = (C / SUPER_CHUNKS) * Q6_SUPER_BYTES;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t *sb = (const uint8_t *)scales + b * scale_bytes;
-    const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    for (int64_t t = 0; t < T; t++) {
-      float acc[R] = {0};
-      for (int64_t c = 0; c < C; c++) {
-        int8_t q6[R * QC];
-        unpack_q6_avx2((const int8_t *)codes + (b * C + c) * Q6_CHUNK_BYTES, q6, 1);
-        const uint8_t *s = sb + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
-        const int8_t *sub = (const int8_t *)s + 2 * R + (c % SUPER_CHUNKS) * 2 * R;
-        const int64_t tc = at(r, t, c);
-        const int8_t *q = r.q + tc * QC;
-        for (int j = 0; j < R; j++) {
-          int32_t sums[2] = {0, 0};
-          for (int k = 0; k < 8; k++)
-            for (int e = 0; e < 4; e++) sums[k / 4] += q6[64 * k + 4 * j + e] * q[4 * k + e];
-          const float d16 = _cvtsh_ss(((const H16 *)s)[j]);
-          for (int h = 0; h < 2; h++)
-            acc[j] = fmaf(r.dx[tc] * (d16 * (float)sub[h * R + j]), (float)sums[h], acc[j]);
-        }
-      }
-      for (int j = 0; j < rows; j++) y[t * ldy + n0 + j] = bias ? acc[j] + bias[n0 + j] : acc[j];
-    }
-  }
-}
-
 /* The 256-bit 8-bit products (a8_avx2.h), once on AVX2's vpmaddubsw and, where the compiler
  * knows AVX-VNNI (gcc 11, clang 12), once on its vpdpbusd. */
 #define A8_DOT VERISPEC_DOT_MADDUBS
@@ -1328,7 +1218,7 @@ static int has_avx_vnni(void) {
 
 /* The integer dot product of the 8-bit products at instruction set isa (bits 0-1 of a
  * product's isa argument) on this CPU: AVX-512 VNNI at isa 2 where the CPU has it, else
- * AVX-VNNI where it has that, else AVX2's vpmaddubsw; the scalar loop at isa 0. */
+ * AVX-VNNI where it has that, else AVX2's vpmaddubsw; portable.c's scalar loop at isa 0. */
 int verispec_linear_dot(int isa) {
   if ((isa & 3) == 0) return VERISPEC_DOT_SCALAR;
   if ((isa & 3) == 2 && has_vnni()) return VERISPEC_DOT_VNNI;
@@ -1337,8 +1227,8 @@ int verispec_linear_dot(int isa) {
 
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes of weight
  * format `format` (one of the a8 kinds) with integer dot product dot: AVX-512 VNNI's vpdpbusd
- * (pairs of blocks for up to 4 rows), the 256-bit tiles (AVX-VNNI or vpmaddubsw), or the
- * scalar loop; every one gives the same bits. */
+ * (pairs of blocks for up to 4 rows) or the 256-bit tiles (AVX-VNNI or vpmaddubsw); every
+ * one gives the bits of portable.c's loop (isa 0). */
 static void linear_a8(int isa, int dot, int format, const float *x, const uint8_t *codes,
                       const char *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
@@ -1361,12 +1251,8 @@ static void linear_a8(int isa, int dot, int format, const float *x, const uint8_
   else if (dot == VERISPEC_DOT_AVX_VNNI)
     linear_avx_vnni(format, r, codes, scales, bias, y, T, N, K, ldy, threads);
 #endif
-  else if (dot == VERISPEC_DOT_MADDUBS)
-    linear_maddubs(format, r, codes, scales, bias, y, T, N, K, ldy, threads);
-  else if (q6)
-    linear_q6_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads);
   else
-    linear_a8_portable(r, codes, scales, bias, y, T, N, K, ldy, threads, nib, f32 || sup, sup);
+    linear_maddubs(format, r, codes, scales, bias, y, T, N, K, ldy, threads);
   free(f);
 }
 
@@ -1483,7 +1369,8 @@ void verispec_linear(int isa, int format, const float *x, const void *w, const f
     return;
   }
   const int best = verispec_linear_dot(level);
-  const int dot = asked < best ? asked : best; /* never one this CPU lacks */
+  /* never one this CPU lacks; the scalar loop is isa 0's (portable.c) */
+  const int dot = asked < VERISPEC_DOT_MADDUBS ? VERISPEC_DOT_MADDUBS : asked < best ? asked : best;
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
     switch (format) {

@@ -47,7 +47,7 @@ enum verispec_ggml_type {
  * 1 = AVX2 + F16C + FMA, 2 = AVX-512 F and BW), in bits 2-3 the integer dot product of its
  * 8-bit products (a8 kinds), one of these; a wider one than verispec_linear_dot reports for
  * that instruction set is narrowed to it. */
-#define VERISPEC_DOT_SCALAR 0   /* the portable loop (the tests' reference) */
+#define VERISPEC_DOT_SCALAR 0   /* portable.c's loop (isa 0; the tests' reference) */
 #define VERISPEC_DOT_MADDUBS 1  /* AVX2: vpmaddubsw, then vpmaddwd */
 #define VERISPEC_DOT_AVX_VNNI 2 /* AVX-VNNI: vpdpbusd on 256 bits */
 #define VERISPEC_DOT_VNNI 3     /* AVX-512 VNNI: vpdpbusd on 512 bits */
