@@ -1,8 +1,8 @@
 """The native kernel's library: the C sources in native/ (linear.c, layer.c, blocks.c,
 portable.c, verispec.h) built once with the system's C compiler and loaded through ctypes.
 
-The library is compiled into the cache (`<cache>/kernels/`) on first use, about a second;
-without a compiler `native_kernel()` says why and the linear layers use torch's kernels
+The library is compiled into the cache (`<cache>/kernels/`) on first use (tens of seconds:
+the AVX-512, AVX2 and AVX-VNNI products); without a compiler `native_kernel()` says why and the linear layers use torch's kernels
 instead. On x86-64 the products use AVX-512 or AVX2 + F16C + FMA where the CPU has them, else
 portable.c's plain C, as on every other machine (whose library is portable.c and blocks.c:
 products and loading, no native decoder stack). A cached library whose ABI version is not
@@ -130,7 +130,7 @@ def build(compiler: str, target: Path) -> None:
         out = Path(tmp) / target.name
         done = subprocess.run(
             [compiler, *FLAGS, "-o", str(out), *map(str, sources()), *LIBS],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=600,
         )
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip()[-2000:] or f"{compiler} failed")
