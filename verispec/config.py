@@ -69,13 +69,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     """Most new tokens in one forward; longer prompts are prefilled in chunks of this size."""
     long_prefill_chunk: int | None = 256
-    """A prefill with more tokens left than this is long: in a step that also serves other
-    requests it comes after their decodes and short prompts, and computes at most this many
-    tokens, fewer when measured step times say so (engine/prefill_pace.py: such a step costs at
-    most about 1.5 times one without it; on a CPU a prompt token at a long context costs about a
-    decode step, so a fixed chunk of dozens of tokens would multiply every decode step). Alone,
-    it takes the whole max_num_batched_tokens. 256 holds a chat turn, which so is never paced.
-    None = no long prompts: prefills in arrival order with the whole budget."""
+    """A prefill with more tokens left than this, or more than one left past this many tokens
+    of context, is long: in a step that also serves other requests it comes after their decodes
+    and short prompts, and computes at most this many tokens, fewer when measured step times say
+    so (engine/prefill_pace.py: such a step costs about 1.3 times one without it; on a CPU a
+    prompt token at a long context costs about a decode step, so a fixed chunk of dozens of
+    tokens would multiply every decode step). Alone, it takes up to max_num_batched_tokens in
+    steps of about 32 one-token steps' time, so a request arriving meanwhile waits little. 256
+    holds a chat turn, which so is never paced. None = no long prompts: prefills in arrival
+    order with the whole budget."""
     seed: int = 0
     """Seed for requests that bring none of their own."""
     linear_backend: LinearBackend = "auto"

@@ -16,11 +16,12 @@ SHARE = 0.3
 decoding beside a long prompt then runs at about 1 / (1 + SHARE) of its lone speed, which
 leaves room below the 2x slowdown we promise for the noise of measured times (a token's cost
 is known only after it is spent) and for the wait of a request arriving during a lone step."""
-LONE_STEPS = 8
+LONE_STEPS = 32
 """A long prefill running alone computes in a step at most what costs about this many plain
-steps (a one-token step), so a request arriving meanwhile waits at most about that; the prefill
-pays a step's fixed cost (the weights read once) once per LONE_STEPS, about 1 / LONE_STEPS of
-its speed, and where tokens are cheap (a GPU) it takes its whole cap."""
+steps (a one-token step), so a request arriving meanwhile waits at most about that; where
+tokens are cheap (a GPU) it takes its whole cap. Smaller steps cost the prefill more than a
+step's fixed cost (the weights read once): each also reads the whole context's keys and
+values, and a few tokens attend less efficiently than many (docs/design.md, 5)."""
 WINDOW = 9
 """Recent steps whose medians give the costs: a few slow steps (other work on the machine) do
 not move them."""
@@ -131,6 +132,10 @@ class PrefillPace:
         most = min(cap, max(1, GROWTH * max((n for n, _ in self.costs), default=0)))
         per_token = self.token_cost()
         if alone:
+            # a token costs at least what the last step's did: a prompt's positions only grow,
+            # and with them what a token's attention reads
+            n, extra = self.costs[-1] if self.costs else (1, 0.0)
+            per_token = max(per_token or 0.0, extra / n)
             budget = (LONE_STEPS - 1) * plain
             return most if not per_token else min(most, max(1, int(budget / per_token)))
         earned = SHARE * plain
