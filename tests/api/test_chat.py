@@ -14,6 +14,8 @@ from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from verispec import LLM, SamplingParams
 from verispec.api.chat import ROLES, as_conversations, chat_prompt, check_text
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 OTHER = [{"role": "user", "content": "class Point:"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
