@@ -20,6 +20,8 @@ from verispec.api.chat import (
     check_text,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 OTHER = [{"role": "user", "content": "class Point:"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

@@ -13,6 +13,8 @@ import torch
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.spec.resolve import resolve_speculative
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPT = "for i in range(10):"

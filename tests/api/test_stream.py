@@ -15,6 +15,8 @@ from verispec import LLM, SamplingParams
 from verispec.api.outputs import StreamDelta
 from verispec.api.stream import REPLACEMENT, TextStream, stable_text
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 PROMPT = "for i in range(10):"
 LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

@@ -17,6 +17,8 @@ from verispec.bench.hf_engine import TransformersEngine, hf_location
 from verispec.bench.plan import chain_methods
 from verispec.drafters.registry import PLAIN, takes_draft_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 ONE_PAIR = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
 DRAFT_METHOD = next(m for m in chain_methods() if takes_draft_model(m))
 LOOKUP_METHOD = next(m for m in chain_methods() if not takes_draft_model(m))

@@ -16,6 +16,7 @@ from verispec.cli.main import build_parser, main
 from verispec.drafters.registry import PLAIN, method, takes_draft_model
 from verispec.models.kernels.quantization import draft_quantization
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 ROW_FIELDS = {
     "engine", "method", "k", "temperature", "top_p", "workload", "concurrency", "tokens_per_s",
     "ttft_s_median", "ttft_s_p90", "itl_s_median", "itl_s_p90", "acceptance_rate",

@@ -20,6 +20,8 @@ from verispec import LLM, SamplingParams, SpecConfig
 from verispec.cli.chat import ChatSession
 from verispec.cli.main import main
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 STATS = re.compile(r"\[session: 2 answers, \d+ tokens, [\d.]+ tokens/s\]")
 
@@ -50,8 +52,13 @@ def answers(llm: LLM, *turns: str) -> list[str]:
     return texts
 
 
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+"""The environment of the real processes: a tiny model gains nothing from a second thread."""
+
+
 def run_cli(args: list[str], **options) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verispec.cli", *args], timeout=120, **options)
+    return subprocess.run([sys.executable, "-m", "verispec.cli", *args], timeout=120,
+                          env=ONE_THREAD, **options)  # fmt: skip
 
 
 def test_one_answer_is_streamed_then_a_stats_line(chat_pair: tuple[Path, Path], capsys) -> None:
@@ -153,7 +160,7 @@ def test_session_on_a_terminal(chat_pair: tuple[Path, Path], llm: LLM) -> None:
     args = ["chat", "--model", str(chat_pair[0]), "--max-tokens", "6"]
     with subprocess.Popen(
         [sys.executable, "-m", "verispec.cli", *args],
-        stdin=slave, stdout=slave, stderr=subprocess.PIPE,
+        stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=ONE_THREAD,
     ) as proc:  # fmt: skip
         os.close(slave)
         os.write(master, b"hi\n/stats\nhow are you\n/stats\n\x04")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,26 +29,15 @@ from verispec.models.weights.loader import resolve_head_path
 from verispec.spec.resolve import DraftRuntime, default_drafter, own_drafter, resolve_speculative
 from verispec.train.tokenizer import save_tokenizer
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real entry point in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "verispec.cli", *args], capture_output=True, text=True, timeout=120
-    )
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 
 
-def test_json_output_from_a_real_process(llama_checkpoint: Path) -> None:
-    proc = run_cli("generate", "def add(a, b):", "--model", str(llama_checkpoint),
-                   "--max-tokens", "5", "--json")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    assert set(result) == {"text", "token_ids", "finish_reason", "metrics", "settings"}
-    assert 1 <= len(result["token_ids"]) <= 5
-    assert result["finish_reason"] in ("stop", "length")
-    assert {"ttft_s", "itl_s", "tokens_per_s"} <= set(result["metrics"])
-    assert result["settings"]["temperature"] == 0.0
-    assert result["settings"]["model"] == str(llama_checkpoint)
-    assert "loading" in proc.stderr  # the load progress goes to stderr, stdout stays JSON
+def run_cli(*args: str | bytes, one_thread: bool = True) -> subprocess.CompletedProcess[str]:
+    """The real entry point in a fresh interpreter (with one torch thread unless told otherwise:
+    the tiny models gain nothing from a second one, which only waits)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if one_thread else None
+    return subprocess.run([sys.executable, "-m", "verispec.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
 
 
 def test_human_output_shows_text_and_summary(llama_checkpoint: Path, capsys) -> None:
@@ -126,24 +116,22 @@ def test_empty_model_or_draft_name_exits_2(capsys, flag: str) -> None:
                                 "directory or model name"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["generate", b"ab\xff\xfe"],
-         "PROMPT is not valid UTF-8 text: byte 0xff at index 2; pass UTF-8 text"),
-        (["chat", "--model", "", "--method", "ngram", "--k", "2"],
-         "--model must not be empty; give a checkpoint directory or model name"),
-    ],
-    ids=["stray-bytes", "empty-model"],
-)  # fmt: skip
-def test_bad_arguments_exit_2_in_a_real_process(args: list, message: str) -> None:
+def test_bad_arguments_exit_2_in_a_real_process() -> None:
     """Before any model loads. The shell passes bytes; Python decodes argv with surrogateescape,
     so 0xff arrives as U+DCFF, and the message names the byte."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "verispec.cli", *args], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli("generate", b"ab\xff\xfe")
     assert proc.returncode == 2
+    message = "PROMPT is not valid UTF-8 text: byte 0xff at index 2; pass UTF-8 text"
     assert proc.stderr.splitlines() == [f"verispec: error: {message}"]
+
+
+def test_an_empty_model_name_ends_a_chat_before_it_loads(capsys) -> None:
+    """The chat command checks its names first too (in-process: the real process's exit path
+    is the test above)."""
+    assert main(["chat", "--model", "", "--method", MODEL_FREE_METHOD, "--k", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "verispec: error: --model must not be empty; give a checkpoint directory or model name"
+    ]
 
 
 def test_malformed_option_is_an_argparse_error(capsys) -> None:
@@ -277,20 +265,28 @@ def test_unknown_method_is_an_argparse_error(capsys) -> None:
 
 
 @ONE_PAIR
-def test_speculative_json_from_a_real_process(spec_pair) -> None:
+def test_json_output_from_a_real_process(spec_pair) -> None:
+    """stdout is the JSON alone, the load progress (target and draft) goes to stderr. One
+    process, speculative: the plain JSON's fields are checked in-process above."""
     target, draft = spec_pair
     proc = run_cli("generate", "import os", "--model", str(target), "--draft", str(draft),
                    "--k", "2", "--max-tokens", "6", "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert ACCEPTANCE_FIELDS <= set(result["metrics"])
+    assert set(result) == {"text", "token_ids", "finish_reason", "metrics", "settings"}
+    assert 1 <= len(result["token_ids"]) <= 6
+    assert result["finish_reason"] in ("stop", "length")
+    assert {"ttft_s", "itl_s", "tokens_per_s"} | ACCEPTANCE_FIELDS <= set(result["metrics"])
+    assert result["settings"]["temperature"] == 0.0
+    assert result["settings"]["model"] == str(target)
     assert result["settings"]["k"] == 2 and result["settings"]["draft"] == str(draft)
+    assert "loading" in proc.stderr  # the load progress goes to stderr, stdout stays JSON
 
 
 def test_readme_main_job_answers_in_a_real_process(smollm2_path: Path) -> None:
     """The README's first command: the default model (SmolLM2) answers a chat question, with
     prompt lookup drafting, and prints tokens/s and acceptance."""
-    proc = run_cli("chat", "What is the capital of France?", "--max-tokens", "24")
+    proc = run_cli("chat", "What is the capital of France?", "--max-tokens", "24", one_thread=False)
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     stats = proc.stderr.strip().splitlines()[-1]

@@ -25,6 +25,8 @@ from verispec.drafters.draft_vocab import (
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 SMALL_SAMPLE = 200_000
 """Characters counted in these tests (small_vocab_sample's; the real sample is larger)."""
 

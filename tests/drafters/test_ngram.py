@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from verispec.drafters.ngram import propose_ngram
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 
 def reference(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """The docstring's definition, spelled out: longest n first, then the largest i."""

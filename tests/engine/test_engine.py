@@ -16,6 +16,8 @@ from verispec.config import EngineConfig
 from verispec.engine.request import Status
 from verispec.engine.stats import PHASES, StepTimes
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 Prompt = str | list[int]
 PROMPTS: list[Prompt] = [
     "def add(a, b):",

@@ -17,6 +17,8 @@ import openai  # noqa: E402
 from verispec import LLM, SamplingParams  # noqa: E402
 from verispec.serve.scale_out import tier  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 
 def free_port() -> int:
     with socket.socket() as s:

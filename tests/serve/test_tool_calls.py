@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from verispec.serve.tool_calls import ParsedCall, ToolCallParser, parse_call, parse_tool_calls
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 
 def block(name: str, arguments: object) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

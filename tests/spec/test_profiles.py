@@ -10,6 +10,8 @@ from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SpecConfig
 from verispec.spec import profiles
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 
 def adaptive(target: Path, draft: Path, **engine: object) -> dict[int, float]:
     spec = SpecConfig(model=str(draft), num_speculative_tokens=2, adaptive=True)

@@ -20,6 +20,8 @@ from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_M
 from verispec.spec import resolve as resolve_module
 from verispec.spec.resolve import DraftRuntime, own_drafter, resolve_speculative
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 Spelling = Callable[[], SpecConfig | None]
 
 

@@ -18,6 +18,8 @@ from verispec.spec.policy import explore_interval
 from verispec.train.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, spread
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
+
 TARGET, DRAFT = embedded_model_path("target"), embedded_model_path("draft")
 
 
