@@ -1,12 +1,12 @@
 """The native kernel's library: the C sources in native/ (linear.c, layer.c, blocks.c,
 portable.c, verispec.h) built once with the system's C compiler and loaded through ctypes.
 
-The library is compiled into the cache (`<cache>/kernels/`) on first use (tens of seconds:
-the AVX-512, AVX2 and AVX-VNNI products); without a compiler `native_kernel()` says why and
-the linear layers use torch's kernels instead. On x86-64 the products use AVX-512 or AVX2 +
-F16C + FMA where the CPU has them, else portable.c's plain C, as on every other machine (whose library is portable.c and blocks.c:
-products and loading, no native decoder stack). A cached library whose ABI version is not
-ffi.ABI_VERSION is rebuilt, never misread.
+The library is compiled into the cache (`<cache>/kernels/`) on first use (tens of seconds: the
+AVX-512, AVX2 and AVX-VNNI products); without a compiler `native_kernel()` says why and the
+linear layers use torch's kernels instead. On x86-64 the products use AVX-512 or AVX2 + F16C +
+FMA where the CPU has them, else portable.c's plain C, as on every other machine (whose library
+is portable.c and blocks.c: products and loading, no native decoder stack). A cached library
+whose ABI version is not ffi.ABI_VERSION is rebuilt, never misread.
 """
 
 from __future__ import annotations
