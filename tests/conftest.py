@@ -28,17 +28,31 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return train_bpe_tokenizer(CORPUS, vocab_size=320)
 
 
+@pytest.fixture(scope="session")
+def spec_pairs() -> dict[tuple[str, float], tuple[Path, Path]]:
+    """The spec pairs built so far, by SPEC_PAIRS entry (see spec_pair)."""
+    return {}
+
+
 @pytest.fixture(scope="session", params=SPEC_PAIRS, ids=lambda p: p[0])
 def spec_pair(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer
-) -> tuple[Path, Path]:
-    """(target dir, draft dir): a sharp tiny target and a perturbed copy of it as its draft."""
-    family, noise = request.param
-    target = tmp_path_factory.mktemp(f"{family}-target")
-    draft = tmp_path_factory.mktemp(f"{family}-draft")
-    model = make_checkpoint(target, family, tokenizer, layer_scale=8.0)
-    make_perturbed_copy(draft, model, tokenizer, noise)
-    return target, draft
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer,
+    spec_pairs: dict[tuple[str, float], tuple[Path, Path]],
+) -> tuple[Path, Path]:  # fmt: skip
+    """(target dir, draft dir): a sharp tiny target and a perturbed copy of it as its draft.
+
+    Built once per entry and session: pytest sets a session fixture up again whenever its
+    parameter changes, and tells an indirect parametrization's parameters apart by their place
+    in the list, so a list of (pair, k) cases would rebuild the pair (in a new directory,
+    which also defeats caches keyed by it) at every test."""
+    if request.param not in spec_pairs:
+        family, noise = request.param
+        target = tmp_path_factory.mktemp(f"{family}-target")
+        draft = tmp_path_factory.mktemp(f"{family}-draft")
+        model = make_checkpoint(target, family, tokenizer, layer_scale=8.0)
+        make_perturbed_copy(draft, model, tokenizer, noise)
+        spec_pairs[request.param] = target, draft
+    return spec_pairs[request.param]
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
