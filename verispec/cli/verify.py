@@ -99,6 +99,12 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
     )
     check.add_argument("--json", default=None, metavar="PATH",
                        help="also write the report as JSON")  # fmt: skip
+    verify.set_defaults(local_defaults={f: verify.get_default(_dest(f)) for f in SERVER_EXCLUSIVE})
+
+
+def _dest(flag: str) -> str:
+    """The attribute argparse stores a long option under."""
+    return flag[2:].replace("-", "_")
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -247,8 +253,7 @@ def _verify_server(
     from verispec.audit.prompts import choose_prompts, read_prompts
     from verispec.audit.report import Check, Report
 
-    local = [f for f in SERVER_EXCLUSIVE
-             if getattr(args, f[2:].replace("-", "_")) not in (None, False, "auto")]  # fmt: skip
+    local = [f for f, default in args.local_defaults.items() if getattr(args, _dest(f)) != default]
     if local:
         raise ValueError(f"--server checks the server's own model and drafter; drop "
                          f"{', '.join(local)}")  # fmt: skip
