@@ -1,6 +1,8 @@
 """The C library's boundary as Python sees it, mirroring native/verispec.h: the ABI version,
-the weight formats (WeightFormat), and the argument and result types of every entry point
-(`declare`); also the two libc calls verispec makes (madvise, malloc_trim).
+the weight formats (WeightFormat, passed as CWeightFormat), the structs layer.c reads (CLinear,
+CLayer, CKeys) and the argument and result types of every entry point (`declare`); also the
+two libc calls verispec makes (madvise, malloc_trim). tests/models/kernels/test_ffi.py checks
+this mirror against the header.
 
 Where the library comes from is build.py's concern, how weights are laid out packing.py's."""
 
@@ -36,13 +38,52 @@ class WeightFormat(IntEnum):
     Q6_SUPER_A8 = 15
 
 
+CWeightFormat = ctypes.c_int
+"""verispec.h's WeightFormat as C passes it: a C enum is an int (the header's GGMLType too), so
+a WeightFormat goes over as int(format)."""
+
+
+class CLinear(ctypes.Structure):
+    """verispec.h's Linear: one product's packed weight (format: its PackedWeight's format; w
+    and scales: its codes and scales), bias, out, columns (in_features padded)."""
+
+    _fields_ = [
+        ("format", CWeightFormat), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p), ("out", ctypes.c_int64), ("columns", ctypes.c_int64),
+    ]  # fmt: skip
+
+
+class CLayer(ctypes.Structure):
+    """verispec.h's Layer: norms, the four products, the index of its window's mask."""
+
+    _fields_ = [
+        *[(name, ctypes.c_void_p) for name in ("input_norm", "post_norm", "q_norm", "k_norm")],
+        *[(name, CLinear) for name in ("qkv", "o", "gate_up", "down")],
+        ("window", ctypes.c_int64),
+    ]
+
+
+class CKeys(ctypes.Structure):
+    """verispec.h's Keys: which cached keys each new row sees (native_layer.KeyPlan's
+    pointers)."""
+
+    _fields_ = [("tables", ctypes.c_void_p), ("block_size", ctypes.c_int64),
+                ("max_blocks", ctypes.c_int64), ("kv_start", ctypes.c_int64),
+                ("cu", ctypes.c_void_p), ("ctx", ctypes.c_void_p),
+                ("num_seqs", ctypes.c_int64), ("masks", ctypes.POINTER(ctypes.c_void_p)),
+                ("num_masks", ctypes.c_int64), ("max_q", ctypes.c_int64),
+                ("max_ctx", ctypes.c_int64)]  # fmt: skip
+
+
 def declare(lib: ctypes.CDLL) -> None:
-    """Argument and result types of the library's entry points: linear.c's product and its
-    dot product's query (portable.c's elsewhere), blocks.c's decoding and packing, and layer.c's
-    where the library has it
-    (`_declare_layer_functions`)."""
+    """Argument and result types of the library's entry points, as verispec.h declares them:
+    linear.c's product and its queries (portable.c's elsewhere), blocks.c's decoding and
+    packing, and layer.c's where the library has it (`_declare_layer_functions`)."""
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.verispec_linear.argtypes = [ctypes.c_int, ctypes.c_int, *[pointer] * 5, size, size,
+    for query in (lib.verispec_abi_version, lib.verispec_linear_isa):
+        query.argtypes = []
+        query.restype = ctypes.c_int
+    lib.verispec_linear.argtypes = [ctypes.c_int, CWeightFormat, *[pointer] * 5, size, size,
                                     size, ctypes.c_int]  # fmt: skip
     lib.verispec_linear.restype = None
     lib.verispec_linear_dot.argtypes = [ctypes.c_int]
@@ -65,12 +106,14 @@ def declare(lib: ctypes.CDLL) -> None:
 def _declare_layer_functions(lib: ctypes.CDLL) -> None:
     """Argument types of layer.c's entry points (see native_layer.py)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, p, i64, *[p] * 11, *[i64] * 6,
-                                           ctypes.c_float, ctypes.c_int, p, p, i64,
-                                           p]  # fmt: skip
+    layers, keys, linear = (ctypes.POINTER(s) for s in (CLayer, CKeys, CLinear))
+    lib.verispec_decoder_stack.argtypes = [ctypes.c_int, layers, i64, *[p] * 10, keys,
+                                           *[i64] * 6, ctypes.c_float, ctypes.c_int, linear, p,
+                                           i64, p]  # fmt: skip
     lib.verispec_decoder_stack.restype = None
-    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, p, i64, *[p] * 4, i64, *[p] * 9,
-                                          *[i64] * 7, ctypes.c_float, ctypes.c_int, p]  # fmt: skip
+    lib.verispec_greedy_steps.argtypes = [ctypes.c_int, layers, i64, *[p] * 3, linear, i64,
+                                          *[p] * 7, keys, p, *[i64] * 7, ctypes.c_float,
+                                          ctypes.c_int, p]  # fmt: skip
     lib.verispec_greedy_steps.restype = None
 
 

@@ -27,6 +27,7 @@ from verispec.models.attention import AttentionLayout
 from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.build import loaded
+from verispec.models.kernels.ffi import CKeys, CLayer, CLinear
 from verispec.models.kernels.linear import Linear
 from verispec.models.kernels.packing import PackedWeight
 
@@ -130,44 +131,13 @@ class KeyPlan:
                    batch.context_lens, masks, max(batch.query_lens), max_ctx)  # fmt: skip
 
 
-class _Linear(ctypes.Structure):
-    """layer.c's Linear: one packed weight (kind: its PackedWeight's format, WeightFormat's int;
-    w and scales: its codes and scales), out, in."""
-
-    _fields_ = [
-        ("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p), ("out", ctypes.c_int64), ("inp", ctypes.c_int64),
-    ]  # fmt: skip
-
-
-class _Layer(ctypes.Structure):
-    """layer.c's Layer: norms, the four products, the index of its window's mask."""
-
-    _fields_ = [
-        *[(name, ctypes.c_void_p) for name in ("input_norm", "post_norm", "q_norm", "k_norm")],
-        *[(name, _Linear) for name in ("qkv", "o", "gate_up", "down")],
-        ("window", ctypes.c_int64),
-    ]
-
-
-class _Keys(ctypes.Structure):
-    """layer.c's Keys: a KeyPlan's pointers."""
-
-    _fields_ = [("tables", ctypes.c_void_p), ("block_size", ctypes.c_int64),
-                ("max_blocks", ctypes.c_int64), ("kv_start", ctypes.c_int64),
-                ("cu", ctypes.c_void_p), ("ctx", ctypes.c_void_p),
-                ("num_seqs", ctypes.c_int64), ("masks", ctypes.POINTER(ctypes.c_void_p)),
-                ("num_masks", ctypes.c_int64), ("max_q", ctypes.c_int64),
-                ("max_ctx", ctypes.c_int64)]  # fmt: skip
-
-
 def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
 
-def _linear(lin: Linear) -> _Linear:
+def _linear(lin: Linear) -> CLinear:
     packed = cast(PackedWeight, lin.packed)
-    return _Linear(int(packed.format), packed.codes.data_ptr(), _ptr(packed.scales),
+    return CLinear(int(packed.format), packed.codes.data_ptr(), _ptr(packed.scales),
                    _ptr(lin.bias), lin.out_features, packed.columns)  # fmt: skip
 
 
@@ -184,12 +154,12 @@ class NativeStack:
                               key=lambda w: -1 if w is None else w)  # fmt: skip
         """The mask of window windows[i] is Keys.masks[i]."""
         structs = [
-            _Layer(_ptr(layer.input_norm), _ptr(layer.post_norm), _ptr(layer.q_norm),
+            CLayer(_ptr(layer.input_norm), _ptr(layer.post_norm), _ptr(layer.q_norm),
                    _ptr(layer.k_norm), _linear(layer.qkv), _linear(layer.o),
                    _linear(layer.gate_up), _linear(layer.down), self.windows.index(layer.window))
             for layer in layers
         ]  # fmt: skip
-        self.layers = (_Layer * len(structs))(*structs)
+        self.layers = (CLayer * len(structs))(*structs)
 
     def run(
         self, batch: ForwardBatch, kv: KVCache, x: torch.Tensor,
@@ -224,7 +194,7 @@ class NativeStack:
         masks = (ctypes.c_void_p * len(self.windows))(*[_ptr(plan.masks[w])
                                                         for w in self.windows])  # fmt: skip
         max_blocks = 0 if plan.tables is None else plan.tables.shape[1]
-        keys = _Keys(_ptr(plan.tables), plan.block_size, max_blocks, plan.kv_start,
+        keys = CKeys(_ptr(plan.tables), plan.block_size, max_blocks, plan.kv_start,
                      plan.cu.data_ptr(), plan.ctx.data_ptr(), len(plan.ctx), masks,
                      len(self.windows), plan.max_q, plan.max_ctx)  # fmt: skip
         kc, vc = ((ctypes.c_void_p * num_layers)(*a) for a in kv.addresses)
@@ -262,7 +232,7 @@ def greedy_steps(
     cu = torch.arange(seqs + 1, dtype=torch.int64)
     ctx = torch.tensor([p + 1 for p in positions], dtype=torch.int64)  # keys of the first step
     masks = (ctypes.c_void_p * len(stack.windows))()  # none: causal order
-    keys = _Keys(table.data_ptr(), block_size, width, 0, cu.data_ptr(), ctx.data_ptr(), seqs,
+    keys = CKeys(table.data_ptr(), block_size, width, 0, cu.data_ptr(), ctx.data_ptr(), seqs,
                  masks, len(stack.windows), 1, int(ctx.max()))  # fmt: skip
     first_t = torch.tensor(list(first), dtype=torch.int64)
     positions_t = torch.tensor(list(positions), dtype=torch.int64)

@@ -38,7 +38,7 @@
  * 8 h + 7): kind 3's bytes as stored; kind 6's, whose vector k < 4 holds vector k in its low
  * 4 bits and k + 4 in its high 4; kind 15's u = q + 32 from its planes, as q6_vectors. */
 A8_TARGET INLINE void A8(half_codes)(const uint8_t *chunk, const int h, __m256i *w,
-                                    const int kind) {
+                                    const WeightFormat kind) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   if (A8_Q6(kind)) {
     const __m256i high = _mm256_set1_epi8(0x30);
@@ -72,7 +72,7 @@ A8_TARGET INLINE void A8(half_codes)(const uint8_t *chunk, const int h, __m256i 
  * 10, 11: float32; 13: d16 sc and (-dmin) mn, super_dm's products), or kind 15's d of the
  * chunk's first and last 16 columns (q6_d's products) in d and m. */
 A8_TARGET INLINE void A8(half_scales)(const char *sb, int64_t c, const int h, __m256 *d,
-                                     __m256 *m, const int kind) {
+                                     __m256 *m, const WeightFormat kind) {
   if (kind == VERISPEC_Q4_SUPER_A8 || A8_Q6(kind)) {
     const int q6 = A8_Q6(kind);
     const int64_t super_bytes = q6 ? Q6_SUPER_BYTES : SUPER_BYTES;
@@ -125,7 +125,7 @@ A8_TARGET INLINE __m256i A8(dot)(__m256i start, const __m256i *w, const int8_t *
  * ops: the half's codes prepared once for all rows of a tile (maddubs and 8-bit codes: |w| in
  * ops[0 .. 7] and w = u ^ 0x80 in ops[8 .. 15]; else the codes themselves). */
 A8_TARGET INLINE __m256i A8(row_sum)(const __m256i *ops, const int8_t *q, int32_t corr,
-                                    const int kind) {
+                                    const WeightFormat kind) {
 #if A8_DOT == VERISPEC_DOT_AVX_VNNI
   return A8(dot)(_mm256_set1_epi32(A8_NIB(kind) ? 0 : corr), ops, q, 0, 8);
 #else
@@ -176,7 +176,7 @@ A8_TARGET INLINE void A8(q6_sums)(const __m256i *w, const int8_t *q, int32_t hal
 A8_TARGET INLINE void A8(tile)(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
-                              const char *next_scales, const int kind) {
+                              const char *next_scales, const WeightFormat kind) {
   const int64_t C = K / QC, chunk_bytes = A8_CHUNK_BYTES(kind), line = A8_LINE(kind);
   const int bytes = !A8_NIB(kind) && !A8_Q6(kind) && A8_DOT == VERISPEC_DOT_MADDUBS;
   __m256 acc[8][2];
@@ -233,7 +233,7 @@ A8_TARGET INLINE void A8(tile)(const RoundedRows r, const uint8_t *cb, const cha
  * (schedule(static) gives a thread consecutive blocks) while it and the others compute. */
 A8_TARGET INLINE void A8(block)(const RoundedRows r, const uint8_t *codes, const char *scales,
                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                               int64_t ldy, int64_t b, const int kind) {
+                               int64_t ldy, int64_t b, const WeightFormat kind) {
   const int64_t blocks = (N + R - 1) / R, C = K / QC;
   const int64_t block_bytes = C * A8_CHUNK_BYTES(kind), scale_bytes = C * A8_LINE(kind);
   const uint8_t *cb = codes + b * block_bytes;
@@ -276,7 +276,7 @@ A8_AVX2_ENTRY(13)
 A8_AVX2_ENTRY(15)
 
 /* An a8 product of weight format `kind` over rounded rows r. */
-static void A8(linear)(const int kind, const RoundedRows r, const uint8_t *codes,
+static void A8(linear)(const WeightFormat kind, const RoundedRows r, const uint8_t *codes,
                        const char *scales, const float *bias, float *y, int64_t T, int64_t N,
                        int64_t K, int64_t ldy, int threads) {
   switch (kind) {

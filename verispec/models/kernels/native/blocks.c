@@ -56,7 +56,7 @@ static float half_to_float(const uint8_t *p) {
 }
 
 /* One legacy block of 32 values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0). */
-static void legacy_block(int type, const uint8_t *b, int8_t *q, float *d, float *m) {
+static void legacy_block(GGMLType type, const uint8_t *b, int8_t *q, float *d, float *m) {
   *d = half_to_float(b);
   *m = 0.0f;
   switch (type) {
@@ -94,7 +94,7 @@ static void scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 }
 
 /* One super-block of 256 values (Q4_K, Q5_K: 8 groups of 32; Q6_K: 16 groups of 16). */
-static void k_block(int type, const uint8_t *b, int8_t *q, float *d, float *m) {
+static void k_block(GGMLType type, const uint8_t *b, int8_t *q, float *d, float *m) {
   if (type == VERISPEC_GGML_Q6_K) { /* d sc_j (q - 32) */
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
@@ -131,7 +131,7 @@ static void k_block(int type, const uint8_t *b, int8_t *q, float *d, float *m) {
 }
 
 /* Bytes, values and (d, m) groups of one block of type; 0 bytes for a type not decoded here. */
-static void block_shape(int type, int64_t *bytes, int *values, int *groups) {
+static void block_shape(GGMLType type, int64_t *bytes, int *values, int *groups) {
   *values = 32, *groups = 1;
   switch (type) {
     case VERISPEC_GGML_Q4_0: *bytes = 18; return;
@@ -146,7 +146,7 @@ static void block_shape(int type, int64_t *bytes, int *values, int *groups) {
   }
 }
 
-int verispec_block_codes(int type, const uint8_t *blocks, int64_t n, int8_t *q, float *d,
+int verispec_block_codes(GGMLType type, const uint8_t *blocks, int64_t n, int8_t *q, float *d,
                          float *m, int threads) {
   int64_t bytes;
   int values, groups;

@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "verispec.h"
+
 #define FAST __attribute__((target("avx2,fma")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -305,23 +307,8 @@ FAST INLINE void group_values(const int H, const float *scores, int64_t ld, cons
     for (int u = 0; u < 4; u++) _mm256_storeu_ps(out + h * dim + c + 8 * u, acc[h][u]);
 }
 
-/* Which cached keys each new row of one forward sees (the same for every layer). Sequence s
- * owns rows cu[s] .. cu[s + 1] - 1 and has ctx[s] keys, its new tokens' last; key j lives at
- * slot tables[s * max_blocks + j / block_size] * block_size + j % block_size (kv_start + j
- * when tables is NULL: one sequence in consecutive slots). Row i of sequence s sees key j
- * when mask[(s * max_q + i) * max_ctx + j] is set, mask = masks[w] for a layer of window w;
- * with no mask (NULL), when j is at most the row's own key (causal in cache order). */
-typedef struct {
-  const int64_t *tables;
-  int64_t block_size, max_blocks, kv_start;
-  const int64_t *cu, *ctx;
-  int64_t num_seqs;
-  const uint8_t *const *masks;
-  int64_t num_masks, max_q, max_ctx;
-} Keys;
-
-/* The slots each row sees under one mask, in cache order: row t's count[t] slots start at
- * slots + t * room. */
+/* The slots each row sees under one mask (Keys, verispec.h, says which), in cache order: row
+ * t's count[t] slots start at slots + t * room. */
 typedef struct {
   int64_t *slots, *count, room;
 } Visible;
@@ -542,31 +529,13 @@ FAST static void silu_mul(const float *h, float *out, int64_t rows, int64_t inte
 
 /* ------------------------------------------------------------------ the decoder stack */
 
-void verispec_linear(int isa, int kind, const float *x, const void *w, const float *scales,
-                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads);
-
-/* One linear layer as packed for linear.c: kind 0 = float32, 1 = float16, 2 to 9 = codes
- * (then scales; verispec_linear's kinds); out = N, in = K (a multiple of 16, or 32 for codes). */
-typedef struct {
-  int64_t kind;
-  const void *w;
-  const float *scales, *bias;
-  int64_t out, in;
-} Linear;
-
-/* y [rows, out] = x [rows, in] W^T (+ b). */
+/* y [rows, out] = x [rows, columns] W^T (+ b), the weight in any of the formats verispec.h's
+ * WeightFormat names (Linear, there). */
 static void linear(int isa, const Linear *l, const float *x, float *y, int64_t rows,
                    int threads) {
-  verispec_linear(isa, (int)l->kind, x, l->w, l->scales, l->bias, y, rows, l->out, l->in,
+  verispec_linear(isa, l->format, x, l->w, l->scales, l->bias, y, rows, l->out, l->columns,
                   threads);
 }
-
-/* One decoder layer's weights; window: which of Keys.masks its attention uses. */
-typedef struct {
-  const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL but Qwen3 */
-  Linear qkv, o, gate_up, down;
-  int64_t window;
-} Layer;
 
 /* The residual stream x [rows, hidden] through every layer, then out = RMSNorm(x) *
  * final_norm. Layer i writes its new keys and values at slots[t] of kc[i] / vc[i] and, when

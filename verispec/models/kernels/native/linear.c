@@ -1229,7 +1229,7 @@ int verispec_linear_dot(int isa) {
  * format `format` (one of the a8 kinds) with integer dot product dot: AVX-512 VNNI's vpdpbusd
  * (pairs of blocks for up to 4 rows) or the 256-bit tiles (AVX-VNNI or vpmaddubsw); every
  * one gives the bits of portable.c's loop (isa 0). */
-static void linear_a8(int isa, int dot, int format, const float *x, const uint8_t *codes,
+static void linear_a8(int isa, int dot, WeightFormat format, const float *x, const uint8_t *codes,
                       const char *scales, const float *bias, float *y, int64_t T, int64_t N,
                       int64_t K, int64_t ldy, int threads) {
   const int64_t C = K / QC;
@@ -1332,23 +1332,10 @@ static void linear_q8(int isa, int mode, const float *x, const int8_t *codes,
 
 #define CHUNK_ROWS 128 /* rows of x per pass: every block re-reads them, so they stay in cache */
 
-/* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so
- * the split changes no result); kind 0 = float32, 1 = float16, 2 = 8-bit codes with scales,
- * 3 = 8-bit codes (kind 3's layout, float16 scales) times x rounded to 8-bit blocks, 4 = kind
- * 2 with codes in 0..15 two a byte and float16 scales, 5 = kind 2 with m = 0 and float16 d
- * (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a byte (the same products
- * as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K; kind 2's products),
- * 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 = kind 8 with
- * m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind 6's
- * products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
- * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with
- * them (kind 10's products), 14 = kind 9 with Q6_K's codes and d as stored (6-bit codes in a
- * 4-bit and a 2-bit plane, float16 d16 times int8 sc; kind 9's products), 15 = kind 14's codes
- * (in kind 3's order) and scales times x rounded to 8-bit blocks (GGUF Q6_K under a8). */
 int verispec_abi_version(void) { return VERISPEC_ABI_VERSION; }
 
 /* linear_q8's scale mode of a weight format of codes times float inputs. */
-static int q8_mode(int format) {
+static int q8_mode(WeightFormat format) {
   switch (format) {
     case VERISPEC_Q4_F16_DM: return 1;
     case VERISPEC_Q8_F16_D: return 2;
@@ -1361,8 +1348,22 @@ static int q8_mode(int format) {
   }
 }
 
-void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
-                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
+/* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so the
+ * split changes no result); format (verispec.h's WeightFormat, by value): 0 = float32, 1 =
+ * float16, 2 = 8-bit codes with scales, 3 = 8-bit codes (kind 3's layout, float16 scales) times x
+ * rounded to 8-bit blocks, 4 = kind 2 with codes in 0..15 two a byte and float16 scales, 5 = kind
+ * 2 with m = 0 and float16 d (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a
+ * byte (the same products as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K;
+ * kind 2's products), 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 =
+ * kind 8 with m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind
+ * 6's products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
+ * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with them
+ * (kind 10's products), 14 = kind 9 with Q6_K's codes and d as stored (6-bit codes in a 4-bit and
+ * a 2-bit plane, float16 d16 times int8 sc; kind 9's products), 15 = kind 14's codes (in kind 3's
+ * order) and scales times x rounded to 8-bit blocks (GGUF Q6_K under a8). */
+void verispec_linear(int isa, WeightFormat format, const float *x, const void *w,
+                     const float *scales, const float *bias, float *y, int64_t T, int64_t N,
+                     int64_t K, int threads) {
   const int level = isa & 3, asked = isa >> 2 & 3;
   if (level == 0) { /* neither AVX2 nor AVX-512 here (or asked for): portable.c's plain C */
     verispec_linear_portable(format, x, w, scales, bias, y, T, N, K, threads);

@@ -62,27 +62,27 @@ static inline float half_float(const uint16_t h) {
 }
 #endif
 
-static inline int is_a8(const int format) {
+static inline int is_a8(const WeightFormat format) {
   return format == VERISPEC_Q8_A8 || format == VERISPEC_Q4_A8 || format == VERISPEC_Q4_F32_A8 ||
          format == VERISPEC_Q8_F32_A8 || format == VERISPEC_Q4_SUPER_A8 ||
          format == VERISPEC_Q6_SUPER_A8;
 }
 
 /* Codes two a byte (kinds 4, 6, 7, 10, 12, 13). */
-static inline int is_nibbles(const int format) {
+static inline int is_nibbles(const WeightFormat format) {
   return format == VERISPEC_Q4_F16_DM || format == VERISPEC_Q4_F32_DM ||
          format == VERISPEC_Q4_SUPER_DM || format == VERISPEC_Q4_A8 ||
          format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q4_SUPER_A8;
 }
 
 /* Bytes of a chunk's codes (16 rows, 32 columns) as packed. */
-static inline int64_t chunk_code_bytes(const int format) {
+static inline int64_t chunk_code_bytes(const WeightFormat format) {
   if (format == VERISPEC_Q6_SUPER_D || format == VERISPEC_Q6_SUPER_A8) return Q6_CHUNK_BYTES;
   return is_nibbles(format) ? R * QC / 2 : R * QC;
 }
 
 /* Bytes of a chunk's scales as packed (linear.c's chunk_scale_bytes and a8_scale_bytes). */
-static inline int64_t chunk_scale_bytes(const int format) {
+static inline int64_t chunk_scale_bytes(const WeightFormat format) {
   switch (format) {
     case VERISPEC_Q4_F16_DM:
     case VERISPEC_Q8_A8:
@@ -151,8 +151,8 @@ static inline int64_t lane_at(const int nibbles, const int j, const int l) {
  * values themselves, else decoded into buf. Codes: w = d q + m (d q exact, so one rounding:
  * fma(d, q, m), linear.c's weights), with d and m of the chunk or of each 16 columns.
  * Returns the weights; *width: columns a chunk. */
-static const float *float_chunk(const int format, const void *w, const void *scales, int64_t b,
-                                int64_t c, int64_t K, float *buf, int *width) {
+static const float *float_chunk(const WeightFormat format, const void *w, const void *scales,
+                                int64_t b, int64_t c, int64_t K, float *buf, int *width) {
   *width = format == VERISPEC_F32 || format == VERISPEC_F16 ? R : QC;
   if (format == VERISPEC_F32) return (const float *)w + (b * (K / R) + c) * R * R;
   if (format == VERISPEC_F16) {
@@ -215,7 +215,7 @@ static const float *float_chunk(const int format, const void *w, const void *sca
 }
 
 /* Rows t0 .. t0 + n - 1 (n <= TILE_ROWS) of x against block b of a float-input weight. */
-static void float_tile(const int format, const float *x, const void *w, const void *scales,
+static void float_tile(const WeightFormat format, const float *x, const void *w, const void *scales,
                        const float *bias, float *y, int64_t N, int64_t K, int64_t b, int64_t t0,
                        int64_t n) {
   float acc[TILE_ROWS][R * R], buf[R * QC];
@@ -257,9 +257,9 @@ static void float_tile(const int format, const float *x, const void *w, const vo
     }
 }
 
-static void linear_float(const int format, const float *x, const void *w, const void *scales,
-                         const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                         int threads) {
+static void linear_float(const WeightFormat format, const float *x, const void *w,
+                         const void *scales, const float *bias, float *y, int64_t T, int64_t N,
+                         int64_t K, int threads) {
   const int64_t blocks = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; b++)
@@ -314,7 +314,7 @@ static void round_rows(const float *x, int64_t T, int64_t K, Rounded r, int thre
  * k's low 4 bits, and for k + 4 its high 4 bits; kind 15: u - 32), so that the integer sums
  * are linear.c's (sum u q_x - 128 sum q_x = sum (u - 128) q_x); d[0], m: the chunk's d and m;
  * kind 15: d[h] of columns 16 h .. 16 h + 15, no m. */
-static void a8_chunk(const int format, const uint8_t *codes, const char *scales, int64_t b,
+static void a8_chunk(const WeightFormat format, const uint8_t *codes, const char *scales, int64_t b,
                      int64_t c, int64_t C, int8_t *cw, float d[2][R], float m[R]) {
   const int64_t at = b * C + c;
   const uint8_t *cb = codes + at * chunk_code_bytes(format);
@@ -350,7 +350,7 @@ static void a8_chunk(const int format, const uint8_t *codes, const char *scales,
  * by linear.c's operations: kinds 3, 6, 10, 11, 13 acc = fma(d_x d, (float)sum, acc), then acc
  * = fma(m, mx, acc) (add_chunk); kind 15 acc = fma(d_x d_lo, (float)lo, acc), then the same
  * with its last 16 columns' hi (tile_q6_a8). acc: room for T x 16 sums. */
-static void a8_block(const int format, const Rounded r, const uint8_t *codes,
+static void a8_block(const WeightFormat format, const Rounded r, const uint8_t *codes,
                      const char *scales, const float *bias, float *y, int64_t N, int64_t b,
                      float *acc) {
   const int64_t T = r.T, C = r.C, n0 = b * R, rows = N - n0 < R ? N - n0 : R;
@@ -388,7 +388,7 @@ static void a8_block(const int format, const Rounded r, const uint8_t *codes,
       y[t * N + n0 + j] = bias ? acc[t * R + j] + bias[n0 + j] : acc[t * R + j];
 }
 
-static void linear_a8(const int format, const float *x, const void *w, const void *scales,
+static void linear_a8(const WeightFormat format, const float *x, const void *w, const void *scales,
                       const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                       int threads) {
   const int64_t C = K / QC, blocks = (N + R - 1) / R;
@@ -410,9 +410,9 @@ static void linear_a8(const int format, const float *x, const void *w, const voi
 /* y [T, N] = x [T, K] W^T (+ bias) for W packed in any format of verispec.h (K padded as
  * packed: 16 for kinds 0 and 1, 32 for codes), CHUNK_ROWS rows of x at a time (rows are
  * independent: the split changes no result). */
-void verispec_linear_portable(int format, const float *x, const void *w, const float *scales,
-                              const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                              int threads) {
+void verispec_linear_portable(WeightFormat format, const float *x, const void *w,
+                              const float *scales, const float *bias, float *y, int64_t T,
+                              int64_t N, int64_t K, int threads) {
   for (int64_t t = 0; t < T; t += CHUNK_ROWS) {
     const int64_t n = T - t < CHUNK_ROWS ? T - t : CHUNK_ROWS;
     if (is_a8(format))
@@ -432,8 +432,9 @@ int verispec_linear_dot(int isa) {
   (void)isa;
   return VERISPEC_DOT_SCALAR;
 }
-void verispec_linear(int isa, int format, const float *x, const void *w, const float *scales,
-                     const float *bias, float *y, int64_t T, int64_t N, int64_t K, int threads) {
+void verispec_linear(int isa, WeightFormat format, const float *x, const void *w,
+                     const float *scales, const float *bias, float *y, int64_t T, int64_t N,
+                     int64_t K, int threads) {
   (void)isa;
   verispec_linear_portable(format, x, w, scales, bias, y, T, N, K, threads);
 }
