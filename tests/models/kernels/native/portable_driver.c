@@ -18,7 +18,7 @@ static void *read_bytes(FILE *f, int64_t n) {
 
 int main(int argc, char **argv) {
   if (verispec_abi_version() != VERISPEC_ABI_VERSION || verispec_linear_isa() != 0 ||
-      verispec_linear_vnni() != 0)
+      verispec_linear_dot(1) != VERISPEC_DOT_SCALAR)
     return 2;
   for (int a = 1; a + 1 < argc; a += 2) {
     FILE *in = fopen(argv[a], "rb");
@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     float *bias = h[5] ? read_bytes(in, 4 * N) : NULL;
     fclose(in);
     float *y = malloc(sizeof(float) * (size_t)(T * N));
-    verispec_linear(0, (int)h[0], x, w, scales, bias, y, T, N, K, (int)h[4]);
+    verispec_linear(0, (WeightFormat)h[0], x, w, scales, bias, y, T, N, K, (int)h[4]);
     FILE *out = fopen(argv[a + 1], "wb");
     if (!out || fwrite(y, sizeof(float), (size_t)(T * N), out) != (size_t)(T * N)) return 3;
     fclose(out);
