@@ -74,6 +74,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from verispec import LLM, SamplingParams
+    from verispec.models.kernels.quantization import from_draft_flag
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -90,7 +91,10 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         }
     elif args.method != "plain":  # a model-free method (ngram, suffix) at depth k
         spec = {"method": args.method, "num_speculative_tokens": args.k}
-    llm = LLM(model=args.target, speculative=spec, quantization=args.quantization)
+    numerics = {}  # no :quantization in the config: the library's default numerics
+    if args.quantization is not None:
+        numerics["quantization"] = from_draft_flag(args.quantization)
+    llm = LLM(model=args.target, speculative=spec, **numerics)
     load_s = time.perf_counter() - start
     llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4))  # warm-up
     workloads = {}
@@ -259,8 +263,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench binary")
     p.add_argument("--llama-speculative", help="path to llama.cpp's llama-speculative-simple: "
                    "adds llama.cpp plain and -md on the same prompts")  # fmt: skip
-    p.add_argument("--configs", default="plain,plain:a8,draft_model",
-                   help="comma-separated method[:quantization][@k] runs; method plain, auto "
+    p.add_argument("--configs", default="plain,plain:none,draft_model",
+                   help="comma-separated method[:quantization][@k] runs (none: exact floats; "
+                   "without one, the library's default numerics); method plain, auto "
                    "(the target's default drafter), draft_model, ngram or suffix; k defaults "
                    "to --k")  # fmt: skip
     p.add_argument(

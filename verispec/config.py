@@ -86,11 +86,11 @@ class EngineConfig:
     own packed kernel, float16-stored where exact; built with the system's C compiler); the
     last three float32 on CPU only. auto picks native on Intel CPUs (also when compiling),
     elsewhere fp16, else onednn, per weight on a float32 CPU, else torch."""
-    quantization: str | None = None
-    """The target's numerics. None: exact float inputs, weights as stored. "auto": "a8" for a
-    GGUF file of quantized blocks on the CPU (each product's input rounded to 8-bit blocks, as
-    llama.cpp computes it; the same bits on every instruction set), else None
-    (loader.resolve_quantization); the engine's config holds what it resolved to. Or round the
+    quantization: str | None = AUTO_NUMERICS
+    """The target's numerics. "auto" (the default): "a8" for a GGUF file of quantized blocks on
+    the CPU (each product's input rounded to 8-bit blocks, as llama.cpp computes it; the same
+    bits on every instruction set), else None (loader.resolve_quantization); the engine's config
+    holds what it resolved to. None: exact float inputs, weights as stored. Or round the
     linear weights at load: fp16, int8 (per channel), q8_0 (GGUF's 8-bit blocks of 32), w8a8
     or w4a8. Output is lossless with respect to the model that runs, not the checkpoint."""
     batch_invariant: bool = False

@@ -54,9 +54,10 @@ def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> N
                      help="memory of the KV cache, committed at start, e.g. 4GiB or 512M "
                      "(default: enough for --max-num-seqs sequences of --max-model-len, at most "
                      "a tenth of the RAM, at least one sequence)")  # fmt: skip
-    cmd.add_argument("--quantization", choices=FLAG_VALUES, default="none",
-                     help="the model's numerics: none (exact float inputs, the default), "
-                     "auto (a8 for a quantized GGUF file on the CPU, else none), or round the "
+    cmd.add_argument("--quantization", choices=FLAG_VALUES, default="auto",
+                     help="the model's numerics: auto (the default: a8, as llama.cpp computes "
+                     "it, for a quantized GGUF file on the CPU, else none), none (exact float "
+                     "inputs, weights as stored), or round the "
                      "weights (and with a8/w8a8/w4a8 each product's input) at load; output "
                      "follows the model that runs")  # fmt: skip
     spec = cmd.add_argument_group(

@@ -24,8 +24,7 @@ Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
 
 
 AUTO_NUMERICS = "auto"
-"""EngineConfig.quantization "auto" (opt-in; the default stays None until the AVX2 figures say
-a8 pays everywhere): "a8" for a GGUF file whose linear weights are
+"""EngineConfig.quantization "auto" (the default): "a8" for a GGUF file whose linear weights are
 quantized blocks, run on a float32 CPU model by the native kernel (llama.cpp's own numerics,
 the same bits on every instruction-set path), else None (exact float inputs; safetensors
 checkpoints always). loader.resolve_quantization decides."""
