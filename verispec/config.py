@@ -164,7 +164,7 @@ class SpecConfig:
     """Round the draft's linear weights at load: None (as stored), fp16, int8, q8_0, w8a8 (q8_0
     times inputs rounded to 8-bit blocks), w4a8 (Q4_1's 4-bit codes times such inputs: half the
     bytes), or "auto": for a draft model w8a8 where the native
-    kernel runs it on AVX-512 VNNI, else as stored (quantization.draft_quantization; heads as
+    kernel runs it in integers, else as stored (quantization.draft_quantization; heads as
     stored), resolved to one of those by resolve_speculative. A named model's own draft runs
     "auto". Never affects the output, only how often drafts are accepted and how fast the draft
     runs."""

@@ -143,23 +143,23 @@ def test_a_named_models_draft_vocabulary_size_is_its_own_drafters(monkeypatch) -
     assert own_drafter(None, DEFAULT_METHOD) is None  # the default model has no draft model
 
 
-@pytest.mark.parametrize("vnni", [True, False])
+@pytest.mark.parametrize("integer", [True, False])
 def test_auto_for_the_qwen_pair_drafts_with_its_own_draft_as_measured_fastest(
-    vnni: bool, monkeypatch
+    integer: bool, monkeypatch
 ) -> None:
     """speculative="auto" for the named Qwen2.5-Coder-1.5B (resolved without loading it): its
     0.5B draft, head cut to 65536 ids, copying first where prompt lookup finds a continuation,
     the adaptive policy on up to 8 tokens, and the draft's own rounding (NamedModel.
-    draft_rounding, w4a8) where the 8-bit products run on VNNI, else as stored."""
+    draft_rounding, w4a8) where the 8-bit products run in integers, else as stored."""
     monkeypatch.setattr(resolve_module, "draft_quantization",
-                        lambda requested, *rest: rest[-1] if vnni else None)  # fmt: skip
+                        lambda requested, *rest: rest[-1] if integer else None)  # fmt: skip
     spec = resolve_speculative("qwen2.5-coder-1.5b-instruct", "auto")
     assert spec is not None and spec.method == DEFAULT_METHOD
     assert (spec.model, spec.draft_vocab_size) == ("qwen2.5-coder-0.5b-instruct", 65536)
     assert (spec.num_speculative_tokens, spec.prompt_lookup_tokens) == (8, 8)  # copy first
-    assert spec.quantization == ("w4a8" if vnni else None) and spec.adaptive
+    assert spec.quantization == ("w4a8" if integer else None) and spec.adaptive
     embedded = resolve_speculative("embedded-code", "auto")  # other drafts keep w8a8
-    assert embedded is not None and embedded.quantization == ("w8a8" if vnni else None)
+    assert embedded is not None and embedded.quantization == ("w8a8" if integer else None)
 
 
 def test_resolving_again_changes_nothing() -> None:

@@ -49,7 +49,8 @@ class DraftRuntime:
     def draft_quantization(self, requested: str | None, draft: str | None = None) -> str | None:
         """A draft model's quantization: `requested`, or for "auto" w8a8 (or the rounding the
         named draft's catalog entry gives, NamedModel.draft_rounding) where the native kernel
-        runs it on AVX-512 VNNI here, else None (as stored); kernels/quantization.py."""
+        runs it in integers here (any but the portable C path), else None (as stored);
+        kernels/quantization.py."""
         if requested != AUTO_DRAFT:
             return requested
         device = resolve_device(self.device)

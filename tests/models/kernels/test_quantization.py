@@ -142,20 +142,20 @@ def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
         check_quantization(name)  # type: ignore[arg-type]
 
 
-def test_auto_draft_quantization_is_w8a8_only_where_vnni_runs_it(monkeypatch) -> None:
-    """SpecConfig.quantization "auto": w8a8 for a float32 CPU draft whose native kernel has
-    AVX-512 VNNI, else as stored (None); explicit choices pass through unchanged."""
+def test_auto_draft_quantization_is_w8a8_where_integer_products_run(monkeypatch) -> None:
+    """SpecConfig.quantization "auto": w8a8 for a float32 CPU draft whose native kernel runs
+    the 8-bit products in integers (AVX-512 VNNI, AVX-VNNI, AVX2), else as stored (None: the
+    portable scalar loop); explicit choices pass through unchanged."""
     f32 = torch.float32
     assert draft_quantization("q8_0", "torch", CPU, f32, False) == "q8_0"
     assert draft_quantization(None, "auto", CPU, f32, False) is None
-    for vnni, expected in ((True, "w8a8"), (False, None)):
-        dot = 3 if vnni else 1  # AVX-512 VNNI, or AVX2's vpmaddubsw
-        monkeypatch.setattr(build, "native_kernel", lambda d=dot: NativeKernel(None, 2, d))
+    for isa, dot, expected in ((2, 3, "w8a8"), (1, 2, "w8a8"), (1, 1, "w8a8"), (0, 0, None)):
+        monkeypatch.setattr(build, "native_kernel", lambda i=isa, d=dot: NativeKernel(None, i, d))
         assert draft_quantization("auto", "auto", CPU, f32, False) == expected
         assert draft_quantization("auto", "native", CPU, f32, False) == expected
         rounding = draft_quantization("auto", "auto", CPU, f32, False, "w4a8")  # the entry's
-        assert rounding == ("w4a8" if vnni else None)
-    assert draft_quantization("auto", "torch", CPU, f32, False) is None  # vnni still True
+        assert rounding == ("w4a8" if expected else None)
+    assert draft_quantization("auto", "torch", CPU, f32, False) is None  # the torch backend
     assert draft_quantization("auto", "auto", CPU, torch.float16, False) is None
     assert draft_quantization("auto", "auto", torch.device("meta"), f32, False) is None
     assert draft_quantization("auto", "auto", CPU, f32, True) is None  # compiled

@@ -32,8 +32,8 @@ checkpoints always). loader.resolve_quantization decides."""
 AUTO_DRAFT = "auto"
 """SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
 "w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
-products run on AVX-512 VNNI (a draft need not be exact, and its steps then cost much less:
-benchmarks/README.md), else as stored; heads as stored."""
+products run in integers (AVX-512 VNNI, AVX-VNNI or AVX2: a draft need not be exact, and its
+steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
 
 
 DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
@@ -55,9 +55,9 @@ def draft_quantization(
     """The quantization a draft model loads with: `requested`, or for AUTO_DRAFT `rounding`
     (one of ACTIVATION_QUANTIZATIONS: "w8a8" unless the draft's catalog entry names another)
     on a float32 CPU model with the native backend available ("auto" or "native"), not
-    compiled, where the kernel's 8-bit products run on AVX-512 VNNI, else None (their AVX2
-    tiles are new and not yet measured to pay for a draft). Example: ("auto", "auto", cpu,
-    float32, False) -> "w8a8" on a Zen 4 or Ice Lake, None on a Zen 3."""
+    compiled, where the kernel's 8-bit products run in integers (any dot product but the
+    portable scalar loop), else None. Example: ("auto", "auto", cpu, float32, False) -> "w8a8"
+    on a Zen 3 (AVX2) or a Zen 4, None on a CPU that runs the portable C path."""
     if requested != AUTO_DRAFT:
         return requested
     if backend not in ("auto", "native") or device.type != "cpu" or dtype != torch.float32:
@@ -65,7 +65,7 @@ def draft_quantization(
     if compile:
         return None
     kernel = build.native_kernel()
-    return rounding if isinstance(kernel, build.NativeKernel) and kernel.vnni else None
+    return rounding if isinstance(kernel, build.NativeKernel) and kernel.dot > 0 else None
 
 
 def numerics_name(quantization: str | None) -> str:
