@@ -19,8 +19,8 @@ from typing import Any
 from plain_decode import thread_env
 from spec_decode import num_parameters, resolve_pair, workload
 
+from verispec.bench.facts import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.cli.bench import print_settings, run_facts
 from verispec.drafters.registry import method_names, takes_model
 
 

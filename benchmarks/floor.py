@@ -19,8 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-
-from verispec.bench.floor import (
+from lib.weight_floor import (
     GIB,
     FloorRow,
     interleaved_decode_ms,
@@ -28,7 +27,8 @@ from verispec.bench.floor import (
     measure,
     read_bandwidth,
 )
-from verispec.cli.bench import print_settings, run_facts
+
+from verispec.bench.facts import print_settings, run_facts
 from verispec.models.catalog.default import embedded_model_path
 from verispec.models.catalog.hub import pull
 from verispec.models.kernels.backends import BACKENDS
@@ -126,7 +126,7 @@ def print_table(rows: list[FloorRow]) -> None:
 def print_draft_cost(labels: list[str], repeats: int) -> None:
     """c = one draft decode step / one target decode step for the embedded pair (the draft as
     stored, and rounded to q8_0), eager, default kernels: the models' steps interleaved in one
-    loop (bench.floor.interleaved_decode_ms), so that machine drift touches both alike."""
+    loop (lib.weight_floor.interleaved_decode_ms), so that machine drift touches both alike."""
     drafts = [label for label in labels if label.startswith("embedded-draft")]
     if "embedded-target" not in labels or not drafts:
         return

@@ -20,9 +20,9 @@ import statistics
 import time
 
 import torch
+from lib.weight_floor import read_bandwidth
 
-from verispec.bench.floor import read_bandwidth
-from verispec.cli.bench import print_settings, run_facts
+from verispec.bench.facts import print_settings, run_facts
 from verispec.models.kernels.build import ISA_NAMES, isa_cap, loaded, native_kernel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path

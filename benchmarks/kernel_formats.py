@@ -25,10 +25,10 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
+from lib.weight_floor import read_bandwidth
 
 from verispec import LLM
-from verispec.bench.floor import read_bandwidth
-from verispec.cli.bench import print_settings, run_facts
+from verispec.bench.facts import print_settings, run_facts
 from verispec.models.kernels.build import NativeKernel, loaded
 from verispec.models.kernels.linear import A8_FORMATS, WEIGHT_FORMATS, Linear
 from verispec.models.kernels.packing import PackedWeight

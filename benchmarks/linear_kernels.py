@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from verispec.bench.facts import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.cli.bench import print_settings, run_facts
 from verispec.models.kernels import packing
 from verispec.models.kernels.backends import fp16_kernel_available, onednn_available
 from verispec.models.kernels.build import NativeKernel, native_kernel

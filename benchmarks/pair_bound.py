@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--method", default="draft_model", choices=("draft_model",),
                    help="a drafter that drafts every step (model-free drafters skip steps "
-                   "without a match: bound those by verispec.bench.replay.copy_bound)")
+                   "without a match: bound those by lib.replay.copy_bound)")
     p.add_argument("--quantization", default="a8", help="the target's (none: as stored)")
     p.add_argument("--draft-quantization", default="auto")
     p.add_argument("--draft-vocab-size", type=int, default=None,

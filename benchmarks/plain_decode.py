@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.facts import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.bench.verify_cost import random_llama_125m
-from verispec.cli.bench import print_settings, run_facts
 
 RANDOM_125M = "llama-125m"
 RANDOM_125M_FP16 = "llama-125m-fp16"

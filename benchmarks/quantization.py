@@ -44,9 +44,9 @@ def main() -> None:
     import torch
 
     from verispec import LLM, SamplingParams, SpecConfig
+    from verispec.bench.facts import print_settings, run_facts
     from verispec.bench.report import write_json
     from verispec.bench.workloads import WORKLOADS
-    from verispec.cli.bench import print_settings, run_facts
     from verispec.engine.stats import SpecStats
     from verispec.models.catalog.default import embedded_model_path
 

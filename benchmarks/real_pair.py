@@ -29,15 +29,14 @@ import tempfile
 import time
 from typing import Any
 
-from verispec.bench.engines import Sampling
-from verispec.bench.llamacpp_tools import (
+from lib.llamacpp_tools import (
     SpeculativeRun,
     llama_bench_command,
     parse_llama_bench,
     run_speculative_simple,
     speculative_command,
 )
-from verispec.bench.pair_report import (
+from lib.pair_report import (
     LLAMA_BENCH,
     LLAMA_DRAFT,
     LLAMA_PLAIN,
@@ -46,6 +45,8 @@ from verispec.bench.pair_report import (
     plain_of,
     workload_rows,
 )
+
+from verispec.bench.engines import Sampling
 from verispec.bench.workloads import WORKLOADS, ChatPrompt
 
 MARGIN = 16  # tokens of slack over prompt + answer for llama.cpp's own tokenization

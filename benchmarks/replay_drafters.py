@@ -1,4 +1,4 @@
-"""Model-free drafters replayed on a target's recorded greedy outputs (verispec.bench.replay):
+"""Model-free drafters replayed on a target's recorded greedy outputs (lib.replay):
 tokens per target step for prompt lookup and suffix decoding at several k, the bound for any
 drafter that copies from its context, and the end-to-end speedup each would give if verifying
 cost nothing (prefill and decode times from the recording run, with prefix caching as the
@@ -16,17 +16,17 @@ import sys
 from pathlib import Path
 
 import torch
-
-from verispec import LLM, SamplingParams, SpecConfig
-from verispec.bench.replay import (
+from lib.replay import (
     Recorded,
     ReplayStats,
     copy_bound,
     end_to_end_ceiling,
     replay,
 )
+
+from verispec import LLM, SamplingParams, SpecConfig
+from verispec.bench.facts import print_settings
 from verispec.bench.workloads import WORKLOADS, prompt_token_ids
-from verispec.cli.bench import print_settings
 from verispec.config import MAX_SPECULATIVE_TOKENS
 from verispec.drafters.registry import make_model_free_proposer
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from plain_decode import thread_env
 
+from verispec.bench.facts import print_settings, run_facts
 from verispec.bench.report import write_json
-from verispec.cli.bench import print_settings, run_facts
 from verispec.drafters.registry import method_names, takes_model
 from verispec.spec.cost import alpha_from_length, predicted_speedup
 

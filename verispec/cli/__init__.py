@@ -1,2 +1,3 @@
-"""The `verispec` command line: main (the parser and the generate/serve/train commands), options
-(flags shared by commands), chat, verify and bench (one module per larger command)."""
+"""The `verispec` command line: main (the parser and the dispatcher), options (flags shared by
+commands), comma_list, and one module per command (generate, chat, pull, serve, train, bench,
+verify)."""

@@ -12,17 +12,90 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape
+from verispec.bench.facts import cpu_model
 from verispec.bench.harness import run_bench
 from verispec.bench.hf_engine import hf_location
-from verispec.bench.plan import BenchConfig, chain_methods
+from verispec.bench.plan import ENGINES, BenchConfig, chain_methods
 from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.summary import comparison_notes
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
-from verispec.drafters.registry import takes_draft_model
+from verispec.cli.comma_list import comma_list
+from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
+from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
 from verispec.models.weights.loader import load_model
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """The `bench` subcommand's options: the plan's, then those of the serving sweep."""
+    bench = sub.add_parser(
+        "bench", help="benchmark speculative decoding against plain decoding and transformers",
+        description="Runs every configuration interleaved with plain decoding of the same engine "
+        "(speedups are ratios measured side by side), verispec and transformers on the same "
+        "weights and prompts; prints a table, optionally JSON and PNG plots.",
+    )  # fmt: skip
+    quick = "each method on its home workload, k=4, 3 prompts, 2 repeats"
+    bench.add_argument("--quick", action="store_true", help=quick)
+    bench.add_argument("--target", "--model", dest="target", default=None,
+                       help="target: checkpoint directory, .gguf file or model name "
+                       "(embedded-code)")  # fmt: skip
+    bench.add_argument("--draft", default=None,
+                       help="draft checkpoint or model name (embedded-code-draft)")  # fmt: skip
+    bench.add_argument("--draft-quantization", choices=DRAFT_FLAG_VALUES,
+                       default=AUTO_DRAFT,
+                       help="the draft model's, in its rows and its cost runs (as verispec run "
+                       "uses a named model's own draft): auto = w8a8 where the CPU has AVX-512 "
+                       "VNNI, else none (as stored)")  # fmt: skip
+    bench.add_argument("--workloads", type=comma_list(str), default=None,
+                       help="code,edit,free,chat,agentic,code_chat,code_edit (the last "
+                       "four: for chat models)")  # fmt: skip
+    bench.add_argument("--methods", type=comma_list(str), default=None,
+                       help=f"methods ({','.join((PLAIN, *method_names()))}; default: those "
+                       "that need no head, and eagle/medusa given --eagle/--medusa)")  # fmt: skip
+    bench.add_argument("--k", type=comma_list(int), default=None, help="k values (2,4,8)")
+    bench.add_argument("--eagle", default=None, metavar="PATH",
+                       help="EAGLE head directory (runs method eagle)")  # fmt: skip
+    bench.add_argument("--medusa", default=None, metavar="PATH",
+                       help="Medusa heads directory (runs method medusa)")  # fmt: skip
+    bench.add_argument("--trees", type=comma_list(str), default=None, metavar="SHAPES",
+                       help="eagle/medusa draft trees KxD:N besides each k's chain: topk K, "
+                       "depth D, at most N nodes; KxD:N+L (eagle) grafts a prompt-lookup chain "
+                       "of up to L more (e.g. 4x6:16,3x4:8+4)")  # fmt: skip
+    bench.add_argument("--temperatures", type=comma_list(float), default=None, help="(0,1)")
+    bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (0.95)")
+    bench.add_argument("--prompts", type=int, default=None, help="prompts per workload (6)")
+    bench.add_argument("--max-tokens", type=int, default=None, help="(each workload's own)")
+    bench.add_argument("--repeats", type=int, default=None, help="measured repeats (3)")
+    bench.add_argument("--concurrency", type=comma_list(int), default=None, help="(1)")
+    bench.add_argument("--engines", type=comma_list(str), default=None,
+                       help=f"({','.join(ENGINES)})")  # fmt: skip
+    bench.add_argument("--threads", type=int, default=None, help="torch threads (all cores)")
+    bench.add_argument("--no-verify-cost", action="store_true", help="skip the q curve")
+    bench.add_argument("--json", default=None, metavar="PATH", help="write settings and rows")
+    bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots")
+    serving = bench.add_argument_group(
+        "serving mode (--serving): a concurrency sweep through HTTP, speculation settings side "
+        "by side; uses --target, --concurrency (1,2,4,8,16,32), --max-tokens (64), --repeats "
+        "(rounds, median; 1), --json, --plot"
+    )
+    serving.add_argument("--serving", action="store_true",
+                         help="sweep concurrency through verispec serve instead")  # fmt: skip
+    serving.add_argument("--settings", type=comma_list(str), default=None,
+                         help="off, auto (adaptive), fixed (the model's own drafter at its k), "
+                         "kN (its method as a chain of N) (off,auto,fixed)")  # fmt: skip
+    serving.add_argument("--requests", type=int, default=None,
+                         help="requests per concurrency and setting (max(8, 2 x concurrency))")
+    serving.add_argument("--url", default=None,
+                         help="benchmark a running server instead (one setting: its own)")
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    """`verispec bench`: the serving sweep with --serving, else the plan the options ask for."""
+    if args.serving:
+        return run_serving(args)
+    return run(bench_config(args), args)
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
@@ -197,44 +270,6 @@ def _settings_line(info: dict[str, Any]) -> str:
         heads.append(f"trees={','.join(info['trees'])}")
     items[2:2] = heads
     return "settings: " + ", ".join(items)
-
-
-def run_facts(load_before: float) -> dict[str, str]:
-    """The machine facts every benchmark prints beside its figures: torch, CPU, the 1-minute
-    load average at start (load_before) and now, and the date."""
-    import torch
-
-    return {
-        "torch": torch.__version__,
-        "cpu": cpu_model(),
-        "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-
-
-def print_settings(settings: dict[str, Any]) -> None:
-    """One right-aligned `key: value` line per setting."""
-    width = max(map(len, settings), default=0)
-    for key, value in settings.items():
-        print(f"{key:>{width}}: {value}")
-
-
-def cpu_model() -> str:
-    """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown"
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    if "model name" not in info:
-        return platform.processor() or "unknown"
-    flags = info.get("flags", "").split()
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return (f"{info['model name']} (family {info.get('cpu family')} model {info.get('model')}, "
-            f"{' '.join(isa)}; {os.cpu_count()} cpus)")  # fmt: skip
 
 
 def run_serving(args: argparse.Namespace) -> int:

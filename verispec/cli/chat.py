@@ -14,10 +14,29 @@ from verispec.api.chat import require_chat_template
 from verispec.api.llm import LLM
 from verispec.api.outputs import RequestOutput
 from verispec.api.sampling_params import SamplingParams
-from verispec.cli.options import acceptance_line, check_argument_text, load_llm, sampling_params
+from verispec.cli.options import (
+    acceptance_line,
+    add_model_options,
+    check_argument_text,
+    load_llm,
+    sampling_params,
+)
 from verispec.engine.stats import SpecStats
 
 COMMANDS = "/reset clears the history, /stats shows acceptance and speed, /exit ends"
+
+
+def add_chat_parser(sub: argparse._SubParsersAction) -> None:
+    """The `chat` subcommand's options: an optional prompt, then the model's."""
+    chat = sub.add_parser(
+        "chat", help="chat with an instruct model (its chat template), answers streamed",
+        description="With PROMPT: one streamed answer and a stats line. Without: a multi-turn "
+        "session reading lines from stdin; /reset clears the history, /stats shows acceptance "
+        "and speed so far, /exit or end of input ends it.",
+    )  # fmt: skip
+    chat.add_argument("prompt", nargs="?", default=None,
+                      help="one question (none: an interactive session)")  # fmt: skip
+    add_model_options(chat, max_tokens=256)
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -32,15 +32,8 @@ from verispec.serve.limits import ServerLimits
 from verispec.serve.middleware import add_layers
 from verispec.serve.openai_format import SSE_DONE, Reply, sse_event
 from verispec.serve.prompts import chat_prompt, completion_prompts, disconnected, too_long
-from verispec.serve.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Delta,
-    ErrorInfo,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
+from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
+from verispec.serve.responses import Delta, ErrorInfo, ErrorResponse, ModelCard, ModelList
 from verispec.serve.state import ServerState
 from verispec.serve.structured import requested_constraint
 from verispec.serve.template_workers import TemplateWorkers

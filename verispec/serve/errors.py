@@ -16,12 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from verispec.serve.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorInfo,
-    ErrorResponse,
-)
+from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
+from verispec.serve.responses import ErrorInfo, ErrorResponse
 
 
 class APIError(Exception):

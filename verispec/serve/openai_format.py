@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from verispec.api.outputs import RequestOutput, StreamDelta, TokenLogprobs
 from verispec.api.sampling_params import SamplingParams
 from verispec.engine.stats import SpecStats
-from verispec.serve.protocol import (
+from verispec.serve.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.bench.pair_report import (
+from benchmarks.lib.pair_report import (
     LLAMA_BENCH,
     LLAMA_DRAFT,
     LLAMA_PLAIN,

@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.checkpoints import make_checkpoint
-from tests.helpers.gguf_files import write_gguf_file
-from verispec.bench.engines import Sampling
-from verispec.bench.llamacpp_tools import (
+from benchmarks.lib.llamacpp_tools import (
     NO_DRAFT_NGRAM,
     SpeculativeRun,
     llama_bench_command,
@@ -21,6 +18,9 @@ from verispec.bench.llamacpp_tools import (
     run_speculative_simple,
     speculative_command,
 )
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.gguf_files import write_gguf_file
+from verispec.bench.engines import Sampling
 
 DRAFTED_LOG = """\
 Read 68 bytes from binary file /tmp/prompt.txt

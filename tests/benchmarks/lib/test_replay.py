@@ -1,6 +1,7 @@
-"""Replays of model-free drafters on recorded outputs (bench.replay): greedy acceptance of a
-tree, step counts against hand-worked cases, drafters learning from earlier outputs, the copy
-bound above every replayed drafter on random sequences, and the end-to-end ceiling."""
+"""Replays of model-free drafters on recorded outputs (benchmarks/lib/replay.py): greedy
+acceptance of a tree, step counts against hand-worked cases, drafters learning from earlier
+outputs, the copy bound above every replayed drafter on random sequences, and the end-to-end
+ceiling."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec import SpecConfig
-from verispec.bench.replay import (
+from benchmarks.lib.replay import (
     Recorded,
     copy_bound,
     end_to_end_ceiling,
     greedy_accepted,
     replay,
 )
+from verispec import SpecConfig
 from verispec.drafters.proposer import Proposer
 from verispec.drafters.registry import make_model_free_proposer
 from verispec.sample.tree import DraftTree

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench.floor import (
+from benchmarks.lib.weight_floor import (
     FloorRow,
     WeightBytes,
     interleaved_decode_ms,
