@@ -19,7 +19,6 @@ import torch
 
 from tests.helpers.checkpoints import count_preemptions, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
@@ -42,6 +41,7 @@ from verispec.train.distill import (
 from verispec.train.eagle import TrainableEagle
 from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
 from verispec.train.trainer import TrainConfig, train
+from verispec.types.outputs import RequestOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 320

@@ -23,12 +23,12 @@ from tests.helpers.drafting import (
     stop_params,
 )
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.ngram import Lookup
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.models.kernels.build import NativeKernel, native_kernel
+from verispec.types.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 METHODS = ("draft_model", "ngram", "suffix")

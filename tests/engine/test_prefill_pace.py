@@ -17,14 +17,14 @@ import pytest
 
 from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM
-from verispec.api.sampling_params import SamplingParams
 from verispec.engine import prefill_pace
 from verispec.engine.prefill_pace import LONE_STEPS, SHARE, PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
-from verispec.engine.stats import SpecStats
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.sample.rejection import Verdict
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 
 def test_worked_example() -> None:

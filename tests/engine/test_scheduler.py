@@ -15,13 +15,13 @@ from typing import NamedTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import ScheduledRequest, Scheduler, step_kind
-from verispec.engine.stats import SpecStats
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.sample.rejection import Verdict
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 EOS = 1
 

@@ -9,14 +9,14 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from verispec.api.chat import Conversation, as_conversations, chat_prompt, check_text
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import RequestStream
 from verispec.config import CacheConfig, EngineConfig, SpecConfig
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
+from verispec.types.chat import Conversation, as_conversations, chat_prompt, check_text
+from verispec.types.outputs import RequestOutput
+from verispec.types.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Params = SamplingParams | Sequence[SamplingParams] | None

@@ -9,11 +9,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from verispec.api.chat import check_text
-from verispec.api.sampling_params import SamplingParams
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
-from verispec.engine.stats import SpecStats
 from verispec.kv.memory import parse_size
 from verispec.models.kernels.quantization import (
     DRAFT_FLAG_VALUES,
@@ -28,6 +25,9 @@ from verispec.spec.resolve import (
     resolve_speculative,
     spec_from_dict,
 )
+from verispec.types.chat import check_text
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM

@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.cli.options import add_model_options, check_arguments, sampling_params
 from verispec.config import SpecConfig
+from verispec.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM

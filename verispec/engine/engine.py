@@ -10,8 +10,6 @@ from dataclasses import replace
 
 import torch
 
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
 from verispec.drafters.proposer import FeatureProposer, HoldsKV, Proposer, TargetInfo
 from verispec.drafters.registry import make_proposer
@@ -19,7 +17,6 @@ from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
-from verispec.engine.stats import SpecStats, StepTimes
 from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
 from verispec.kv.memory import KVMemory, check_fits, format_size, kv_pool_bytes
 from verispec.models.catalog.hub import DEFAULT_MODEL
@@ -37,6 +34,9 @@ from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
+from verispec.types.outputs import RequestOutput
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats, StepTimes
 
 PACE_RUNS = 2
 """Timed one-token forwards at start whose fastest seeds the prefill pace's plain step."""

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.api.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
-from verispec.api.sampling_params import SamplingParams
-from verispec.engine.stats import SpecStats
 from verispec.kv import BlockTable
 from verispec.sample import SamplingTensors
 from verispec.sample.grammar import GrammarMatcher
 from verispec.sample.noise import NoiseKey
+from verispec.types.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 
 class Status(enum.Enum):

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.api.outputs import TokenLogprobs
 from verispec.engine.request import all_greedy, noise_key, sampling_tensors
 from verispec.engine.scheduler import ScheduledRequest
 from verispec.models.batch import SeqChunk
 from verispec.models.paged import PagedModel
 from verispec.sample.rejection import Verdict, verify, verify_greedy
 from verispec.sample.tree import DraftTree, verify_tree
+from verispec.types.outputs import TokenLogprobs
 
 
 class ModelRunner:

@@ -6,14 +6,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from verispec.api.outputs import TokenLogprobs
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status, decodes
-from verispec.engine.stats import SpecStats
 from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
 from verispec.sample.rejection import Verdict
 from verispec.sample.tree import DraftTree
 from verispec.spec.policy import AdaptiveSpeculation
+from verispec.types.outputs import TokenLogprobs
+from verispec.types.stats import SpecStats
 
 
 @dataclass(slots=True)
