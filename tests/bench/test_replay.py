@@ -16,8 +16,8 @@ from verispec.bench.replay import (
     greedy_accepted,
     replay,
 )
-from verispec.drafters.proposer import Proposer
 from verispec.drafters.registry import make_model_free_proposer
+from verispec.engine.drafter import Proposer
 from verispec.sample.tree import DraftTree
 
 

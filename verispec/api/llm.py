@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from tqdm import tqdm
 
 from verispec.api.stream import RequestStream
 from verispec.config import CacheConfig, EngineConfig, SpecConfig
+from verispec.drafters.registry import make_proposer
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
@@ -59,7 +61,8 @@ class LLM:
         )  # fmt: skip
         spec = resolve_speculative(model, speculative, runtime=DraftRuntime.of(config))
         config = replace(config, speculative=spec)
-        self.engine = Engine(config, progress=progress)
+        drafter = None if spec is None else partial(make_proposer, spec)
+        self.engine = Engine(config, drafter, progress=progress)
 
     @property
     def tokenizer(self) -> Any:

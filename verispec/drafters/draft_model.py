@@ -10,7 +10,8 @@ import torch
 
 from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.ngram import Lookup
-from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
+from verispec.drafters.proposer import draw_drafts, stack_draft_probs
+from verispec.engine.drafter import Drafts, TargetInfo
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.cache import KVCache

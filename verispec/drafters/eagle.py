@@ -35,12 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.drafters.ngram import Lookup
-from verispec.drafters.proposer import (
-    Drafts,
-    TargetInfo,
-    draw_drafts,
-    stack_draft_probs,
-)
+from verispec.drafters.proposer import draw_drafts, stack_draft_probs
+from verispec.engine.drafter import Drafts, TargetInfo
 from verispec.engine.request import Request, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.cache import KVCache

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.drafters.eagle import check_topk
-from verispec.drafters.proposer import Drafts
+from verispec.engine.drafter import Drafts
 from verispec.engine.request import Request
 from verispec.models.medusa import MedusaHeads
 from verispec.sample.tree import DraftTree

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from verispec.drafters.proposer import Drafts
+from verispec.engine.drafter import Drafts
 from verispec.engine.request import Request
 
 

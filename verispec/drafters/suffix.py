@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verispec.config import SuffixConfig
-from verispec.drafters.proposer import Drafts
 from verispec.drafters.suffix_trie import CachedOutputs, Cursor, SuffixTrie
+from verispec.engine.drafter import Drafts
 from verispec.engine.request import Request
 from verispec.sample.tree import DraftTree
 

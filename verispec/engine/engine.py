@@ -11,8 +11,13 @@ from dataclasses import replace
 import torch
 
 from verispec.config import EngineConfig
-from verispec.drafters.proposer import FeatureProposer, HoldsKV, Proposer, TargetInfo
-from verispec.drafters.registry import make_proposer
+from verispec.engine.drafter import (
+    FeatureProposer,
+    HoldsKV,
+    MakeDrafter,
+    Proposer,
+    TargetInfo,
+)
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
@@ -32,7 +37,6 @@ from verispec.sample.grammar import GrammarCompiler
 from verispec.sample.rejection import Verdict
 from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
-from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
 from verispec.types.outputs import RequestOutput
 from verispec.types.sampling_params import SamplingParams
@@ -45,12 +49,17 @@ PACE_RUNS = 2
 class Engine:
     """Continuous-batching generation over a paged KV cache."""
 
-    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        """Load the model and tokenizer, size the KV cache, then set up speculation (drafter,
-        prefix caching, adaptive policy) and the scheduler over them."""
-        spec = resolve_speculative(config.model, config.speculative,
-                                   runtime=DraftRuntime.of(config))  # fmt: skip
-        self.config = config = replace(config, speculative=spec)
+    def __init__(
+        self, config: EngineConfig, make_drafter: MakeDrafter | None = None,
+        progress: bool = False,
+    ) -> None:  # fmt: skip
+        """Load the model and tokenizer, size the KV cache, then set up speculation (the drafter
+        make_drafter builds for config.speculative, which the caller resolved; prefix caching;
+        adaptive policy) and the scheduler over them."""
+        if (config.speculative is None) != (make_drafter is None):
+            raise ValueError("an engine with a speculative config needs its drafter's builder "
+                             "(make_drafter), and one without needs none")  # fmt: skip
+        self.config = config
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)
@@ -73,7 +82,7 @@ class Engine:
         self.eos_token_ids = frozenset(
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
-        self.proposer = self._make_proposer(dtype, num_blocks, generator)
+        self.proposer = self._make_proposer(make_drafter, dtype, num_blocks, generator)
         self.kv_memory = self._kv_memory()
         """The bytes of the KV pools, committed now (kv/memory.py): what they take under load."""
         self.feature_drafter = (
@@ -149,12 +158,13 @@ class Engine:
                         self.max_model_len)  # fmt: skip
 
     def _make_proposer(
-        self, dtype: torch.dtype, num_blocks: int, generator: torch.Generator
-    ) -> Proposer | None:
-        """The drafter of config.speculative (None without speculation), told what it needs
-        of the target."""
-        spec, c = self.config.speculative, self.config
-        if spec is None:
+        self, make_drafter: MakeDrafter | None, dtype: torch.dtype, num_blocks: int,
+        generator: torch.Generator,
+    ) -> Proposer | None:  # fmt: skip
+        """The drafter make_drafter builds (None without speculation), told what it needs of
+        the target."""
+        c = self.config
+        if make_drafter is None:
             return None
         target = TargetInfo(
             tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
@@ -163,7 +173,7 @@ class Engine:
             max_num_seqs=c.max_num_seqs, linear_backend=c.linear_backend,
             batch_invariant=c.batch_invariant, compile=c.compile, model=self.model,
         )  # fmt: skip
-        return make_proposer(spec, target)
+        return make_drafter(target)
 
     def _prefix_caching(self) -> tuple[PrefixCache | None, DrafterPrefix | None]:
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
