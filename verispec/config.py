@@ -107,7 +107,7 @@ class EngineConfig:
     same as without; docs/design.md, 5). Off by default in the library, whose benchmarks repeat
     prompts; on by default in `verispec serve`. Works with every drafter: with an EAGLE head a
     prefix hit reuses as many blocks as the head's own cache also holds
-    (kv/prefix_cache.py, DrafterPrefix)."""
+    (engine/drafter.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own

@@ -24,6 +24,7 @@ from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
+from verispec.engine.step_drafts import StepDrafts
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, save_eagle_head
@@ -275,9 +276,10 @@ def test_context_limit(trained: Trained, spec: tuple, plain: dict, monkeypatch) 
     ends = []
     execute = ModelRunner.execute
 
-    def spy(self: ModelRunner, scheduled: list, *args: Any) -> Any:
-        ends.extend(s.start + len(s.token_ids) + len(s.draft_token_ids) for s in scheduled)
-        return execute(self, scheduled, *args)
+    def spy(self: ModelRunner, scheduled: list, drafts: StepDrafts, *args: Any) -> Any:
+        ends.extend(s.start + len(s.token_ids) + len(ids)
+                    for s, ids in zip(scheduled, drafts.token_ids, strict=True))
+        return execute(self, scheduled, drafts, *args)
 
     monkeypatch.setattr(ModelRunner, "execute", spy)
     llm = eagle(trained, *spec, max_model_len=48)

@@ -1,6 +1,8 @@
-"""The drafter contract the engine defines: what a drafter is told of the target (TargetInfo),
-what it returns (Drafts), the calls every drafter answers (Proposer) and the optional
-capabilities the engine looks for (a KV cache of its own, the target's features)."""
+"""The drafter contract, the one place that names it: what a drafter is told of the target
+(TargetInfo), what it returns (Drafts), the calls every drafter answers (Proposer), and the
+optional capabilities the engine looks for (HoldsKV: a KV cache of its own; CachesPrefixes and
+DrafterPrefix: its own prefix cache; FeatureProposer: the target's features), found once when
+the engine is built (Capabilities.of), which also checks how they must pair."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from verispec.engine.request import Request
 from verispec.kv.cache import KVCache
+from verispec.kv.prefix_cache import PrefixCache
 from verispec.models.llama import LlamaModel
 from verispec.sample.tree import DraftTree
 from verispec.tokenizer import Tokenizer
@@ -57,6 +60,7 @@ class Drafts:
     None when every request's drafts are a chain."""
 
 
+@runtime_checkable
 class Proposer(Protocol):
     """A drafter: guesses up to k tokens for each request; the verifier keeps what is right."""
 
@@ -96,9 +100,74 @@ class FeatureProposer(Proposer, Protocol):
     @property
     def reads_every_position(self) -> bool:
         """True when it must observe every position from 0 (its own KV over them): it then
-        keeps a prefix cache of its own (kv.prefix_cache.DrafterPrefix), since a request can
+        keeps a prefix cache of its own (DrafterPrefix), since a request can
         start from a target prefix cache hit only where the drafter's rows are cached too."""
         ...
+
+
+@runtime_checkable
+class CachesPrefixes(Protocol):
+    """A drafter with a KV cache of its own that can index it too (a draft model: its blocks
+    depend on tokens alone, so it matches its own cache whenever it starts a request)."""
+
+    prefix_cache: PrefixCache | None
+    """Its index of its own full blocks once enabled (the engine empties it with the
+    target's: Engine.reset_prefix_cache)."""
+
+    def enable_prefix_caching(self) -> None:
+        """Start indexing the drafter's computed blocks."""
+        ...
+
+
+@runtime_checkable
+class DrafterPrefix(CachesPrefixes, Protocol):
+    """A drafter whose own KV cache covers every position from the target's features (an EAGLE
+    head): a target prefix hit reuses only as many blocks as the drafter also has, so the
+    drafter starts where the target starts."""
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
+        """Leading full blocks of token_ids the drafter's cache holds (taking nothing)."""
+        ...
+
+    def adopt_prefix(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> None:
+        """Start the request's drafter state with its first num_blocks cached blocks (at most
+        cached_prefix_blocks, asked within the same scheduling pass)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional capabilities of the engine's drafter, each the drafter itself or None."""
+
+    own_kv: HoldsKV | None = None
+    prefixes: CachesPrefixes | None = None
+    """It indexes its own KV blocks when the engine caches prefixes."""
+    features: FeatureProposer | None = None
+    """It reads the target's features (the engine asks the forward for them)."""
+    shared_prefix: DrafterPrefix | None = None
+    """A feature drafter that reads every position: a target prefix hit is cut to its blocks."""
+
+    @classmethod
+    def of(cls, proposer: Proposer | None) -> Capabilities:
+        """Find a built drafter's capabilities, once. A TypeError when it is no Proposer, or
+        reads every position without a prefix cache of its own (DrafterPrefix)."""
+        if proposer is None:
+            return cls()
+        if not isinstance(proposer, Proposer):
+            raise TypeError(f"{type(proposer).__name__} is no drafter (engine.drafter.Proposer: "
+                            "propose and release)")  # fmt: skip
+        features = proposer if isinstance(proposer, FeatureProposer) else None
+        shared = None
+        if features is not None and features.reads_every_position:
+            if not isinstance(features, DrafterPrefix):
+                raise TypeError(f"{type(features).__name__} reads every position but keeps "
+                                "no prefix cache (engine.drafter.DrafterPrefix)")  # fmt: skip
+            shared = features
+        return cls(
+            own_kv=proposer if isinstance(proposer, HoldsKV) else None,
+            prefixes=proposer if isinstance(proposer, CachesPrefixes) else None,
+            features=features, shared_prefix=shared,
+        )  # fmt: skip
 
 
 MakeDrafter = Callable[[TargetInfo], Proposer]
