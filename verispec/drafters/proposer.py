@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.engine.request import Request, all_greedy, noise_key, sampling_tensors
+from verispec.engine.request import TokenHistory, all_greedy, noise_key, sampling_tensors
 from verispec.sample import argmax_rows, sample, warp
 
 
 def draw_drafts(
     logits: torch.Tensor,
-    requests: Sequence[Request],
+    requests: Sequence[TokenHistory],
     drafts: Sequence[Sequence[int]],
     generator: torch.Generator,
 ) -> tuple[torch.Tensor | None, list[int]]:

@@ -1,8 +1,10 @@
 """The drafter contract, the one place that names it: what a drafter is told of the target
-(TargetInfo), what it returns (Drafts), the calls every drafter answers (Proposer), and the
-optional capabilities the engine looks for (HoldsKV: a KV cache of its own; CachesPrefixes and
-DrafterPrefix: its own prefix cache; FeatureProposer: the target's features), found once when
-the engine is built (Capabilities.of), which also checks how they must pair."""
+(TargetInfo), what it reads of each request (engine.request.TokenHistory: its id, tokens and
+sampling, not the engine's Request), what it returns (Drafts), the calls every drafter answers
+(Proposer), and the optional capabilities the engine looks for (HoldsKV: a KV cache of its own;
+CachesPrefixes and DrafterPrefix: its own prefix cache; FeatureProposer: the target's
+features), found once when the engine is built (Capabilities.of), which also checks how they
+must pair."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from verispec.engine.request import Request
+from verispec.engine.request import TokenHistory
 from verispec.kv.cache import KVCache
 from verispec.kv.prefix_cache import PrefixCache
 from verispec.models.llama import LlamaModel
@@ -64,11 +66,11 @@ class Drafts:
 class Proposer(Protocol):
     """A drafter: guesses up to k tokens for each request; the verifier keeps what is right."""
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """Draft up to num_tokens[i] tokens continuing requests[i].all_token_ids."""
         ...
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         """Forget a request (finished or preempted) and free what the drafter holds for it."""
         ...
 
@@ -93,7 +95,7 @@ class FeatureProposer(Proposer, Protocol):
         """Target residual streams it reads (LlamaModel.hidden_states numbering)."""
         ...
 
-    def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
+    def observe(self, request: TokenHistory, start: int, features: torch.Tensor) -> None:
         """Features [n, F] of the target positions start .. start + n - 1 whose KV is kept."""
         ...
 
