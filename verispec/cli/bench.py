@@ -30,7 +30,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     explicit option on top; default models are the embedded pair."""
     import torch
 
-    from verispec.models.kernels.quantization import from_draft_flag
+    from verispec.cli.options import from_draft_flag
     from verispec.spec.resolve import DraftRuntime
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}

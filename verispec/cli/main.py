@@ -11,11 +11,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verispec.bench.plan import ENGINES
-from verispec.cli.options import acceptance_line, add_model_options, load_llm, sampling_params
+from verispec.cli.options import (
+    DRAFT_FLAG_VALUES,
+    acceptance_line,
+    add_model_options,
+    load_llm,
+    sampling_params,
+)
 from verispec.cli.verify import add_verify_parser, run_verify
 from verispec.drafters.registry import PLAIN, head_method_names, method_names
 from verispec.models.catalog.hub import model_names, pull
-from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
+from verispec.models.kernels.quantization import AUTO_DRAFT
 
 if TYPE_CHECKING:
     from verispec.serve import ServerLimits

@@ -12,11 +12,7 @@ from typing import TYPE_CHECKING, Any
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.kv.memory import parse_size
-from verispec.models.kernels.quantization import (
-    DRAFT_FLAG_VALUES,
-    FLAG_VALUES,
-    from_draft_flag,
-)
+from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
@@ -31,6 +27,17 @@ from verispec.types.stats import SpecStats
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM
+
+DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
+"""The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
+FLAG_VALUES = (AUTO_NUMERICS, "none", *QUANTIZATIONS)
+"""The values of the CLI's --quantization: "none" is exact float inputs (None)."""
+
+
+def from_draft_flag(value: str) -> str | None:
+    """SpecConfig.quantization for a --draft-quantization (or --quantization) value: "none" (as
+    stored, exact float inputs) is None."""
+    return None if value == "none" else value
 
 
 def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> None:

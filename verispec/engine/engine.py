@@ -57,6 +57,9 @@ class Engine:
         """Load the model and tokenizer, size the KV cache, then set up speculation (the drafter
         make_drafter builds for config.speculative, which the caller resolved; prefix caching;
         adaptive policy) and the scheduler over them."""
+        if config.speculative == "auto":
+            raise ValueError("the engine takes a resolved speculative config (a SpecConfig or "
+                             "None): resolve 'auto' first (spec/resolve.py)")  # fmt: skip
         if (config.speculative is None) != (make_drafter is None):
             raise ValueError("an engine with a speculative config needs its drafter's builder "
                              "(make_drafter), and one without needs none")  # fmt: skip
