@@ -159,6 +159,13 @@ def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int |
     return None if best is None else best[1]
 
 
+def layer(module: str) -> int:
+    """layer_of module in LAYERS, which must place it."""
+    found = layer_of(module)
+    assert found is not None, f"{module} is on no layer"
+    return found
+
+
 def upward_imports(
     graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS
 ) -> list[str]:
@@ -192,9 +199,9 @@ def test_imports_run_down_the_layers() -> None:
 def test_every_module_is_on_a_layer() -> None:
     unplaced = {name for name in MODULES if layer_of(name) is None}
     assert unplaced == {"verispec.spec"}  # a docstring over two layers' modules
-    assert layer_of("verispec") == layer_of("verispec.api.llm")
-    assert layer_of("verispec.spec.resolve") > layer_of("verispec.drafters.registry")  # type: ignore[operator]
-    assert layer_of("verispec.spec.cost") < layer_of("verispec.engine.engine")  # type: ignore[operator]
+    assert layer("verispec") == layer("verispec.api.llm")
+    assert layer("verispec.spec.resolve") > layer("verispec.drafters.registry")
+    assert layer("verispec.spec.cost") < layer("verispec.engine.engine")
 
 
 def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
@@ -218,8 +225,8 @@ def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
         "verispec.drafters.registry"
     }  # fmt: skip
     assert upward_imports(graph) == [
-        f"verispec.engine.engine (layer {layer_of('verispec.engine') + 1}) imports "  # type: ignore[operator]
-        f"verispec.drafters.registry (layer {layer_of('verispec.drafters') + 1})"  # type: ignore[operator]
+        f"verispec.engine.engine (layer {layer('verispec.engine') + 1}) imports "
+        f"verispec.drafters.registry (layer {layer('verispec.drafters') + 1})"
     ]
 
 
