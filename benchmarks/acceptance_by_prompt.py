@@ -18,10 +18,10 @@ import sys
 import torch
 
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.bench.workloads import PROMPTS_DIR
 from verispec.drafters.registry import HEAD_METHOD, MODEL_FREE_METHOD
 from verispec.spec.resolve import own_drafter
+from verispec.types.outputs import RequestOutput
 
 
 def drafters(model: str, k: int, graft: int) -> dict[str, SpecConfig]:

@@ -31,10 +31,10 @@ from verispec import LLM, SamplingParams
 from verispec.bench.verify_cost import step_ms
 from verispec.bench.workloads import WORKLOADS, prompt_token_ids
 from verispec.drafters.draft_vocab import draft_vocab
-from verispec.engine.stats import SpecStats
 from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.spec.resolve import DraftRuntime
 from verispec.tokenizer import Tokenizer
+from verispec.types.stats import SpecStats
 
 
 def costs(args: argparse.Namespace, draft_quantization: str | None) -> dict[tuple[str, int], float]:

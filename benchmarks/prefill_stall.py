@@ -21,7 +21,7 @@ import statistics
 import time
 
 from verispec import LLM, SamplingParams
-from verispec.api.chat import chat_prompt
+from verispec.types.chat import chat_prompt
 
 QUESTION = "Give me three tips for writing clear emails."
 FILLER = (

@@ -19,8 +19,8 @@ import time
 import openai
 
 from verispec import LLM
-from verispec.api.chat import chat_prompt
 from verispec.serve import Server
+from verispec.types.chat import chat_prompt
 
 SYSTEM = (
     "You are the help desk of the Velmar harbour museum. Answer visitors' questions politely "

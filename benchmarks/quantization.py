@@ -47,8 +47,8 @@ def main() -> None:
     from verispec.bench.facts import print_settings, run_facts
     from verispec.bench.report import write_json
     from verispec.bench.workloads import WORKLOADS
-    from verispec.engine.stats import SpecStats
     from verispec.models.catalog.default import embedded_model_path
+    from verispec.types.stats import SpecStats
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]

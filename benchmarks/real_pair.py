@@ -75,7 +75,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from verispec import LLM, SamplingParams
-    from verispec.models.kernels.quantization import from_draft_flag
+    from verispec.cli.options import from_draft_flag
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

@@ -172,7 +172,7 @@ def instrument(llm: Any) -> tuple[Timer, Timer | None]:
 def run(llm: Any, prompts: list[str], temperature: float, top_p: float, n: int) -> dict:
     """Each prompt alone (concurrency 1); decode tok/s = sum(out - 1) / sum(e2e - TTFT)."""
     from verispec import SamplingParams
-    from verispec.engine.stats import SpecStats
+    from verispec.types.stats import SpecStats
 
     stats, tokens, decode_s, ids = SpecStats(), 0, 0.0, []
     for seed, prompt in enumerate(prompts):
@@ -188,7 +188,7 @@ def run(llm: Any, prompts: list[str], temperature: float, top_p: float, n: int) 
 
 def summarise(cfg: dict, plain_fwd_s: float) -> dict[str, Any]:
     """One table row from a configuration's paired runs and timers."""
-    from verispec.engine.stats import SpecStats
+    from verispec.types.stats import SpecStats
 
     med, k = statistics.median, cfg["k"]
     stats = SpecStats()

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from verispec.api.chat import chat_prompt
 from verispec.api.llm import LLM
-from verispec.api.sampling_params import SamplingParams
 from verispec.bench.facts import print_settings, run_facts
 from verispec.bench.report import write_json
 from verispec.sample import SamplingTensors, sample, warp
 from verispec.sample.logits import BOUNDARY_TOL, truncate_sorted
+from verispec.types.chat import chat_prompt
+from verispec.types.sampling_params import SamplingParams
 
 SETTINGS = {
     "T=1 (no truncation)": {},

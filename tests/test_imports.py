@@ -1,6 +1,7 @@
-"""Imports run downward: no module of the package imports (even lazily, inside a function, or
-only for type checking) one that imports it back, and each subpackage imports first, alone, in a
-fresh interpreter."""
+"""Imports run downward: every module sits on one layer of LAYERS and imports (even lazily,
+inside a function, or only for type checking) only its own layer and those below; no module
+imports one that imports it back; and each subpackage imports first, alone, in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ def test_find_cycle_finds_one_and_only_when_there_is_one() -> None:
 
 def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph(MODULES)
-    assert graph["verispec.engine.engine"] >= {
-        "verispec.drafters.registry", "verispec.engine.request"
+    assert graph["verispec.api.llm"] >= {
+        "verispec.drafters.registry", "verispec.engine.engine"
     }  # fmt: skip
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
@@ -121,6 +122,117 @@ def test_a_loop_through_type_checking_imports_is_found(tmp_path: Path) -> None:
     assert find_cycle(graph) == ["probe.a", "probe.b", "probe.c", "probe.a"]
     (probe / "c.py").write_text("class C:\n    pass\n")  # the loop broken
     assert find_cycle(import_graph(package_modules(probe))) is None
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("verispec.types", "verispec.data", "verispec.paths"),
+    ("verispec.kv",),
+    ("verispec.sample",),
+    ("verispec.models",),
+    ("verispec.config",),
+    ("verispec.tokenizer",),
+    ("verispec.spec.cost", "verispec.spec.policy", "verispec.spec.profiles"),
+    ("verispec.engine",),
+    ("verispec.drafters",),
+    ("verispec.spec.resolve",),
+    ("verispec.api", "verispec"),
+    ("verispec.train",),
+    ("verispec.serve",),
+    ("verispec.bench",),
+    ("verispec.audit",),
+    ("verispec.cli",),
+)
+"""The package's layers, lowest first (docs/design.md, section 2 shows this list): a module
+imports only modules of its own layer and of the layers below. Each entry names a module, or a
+package and everything under it; the most specific entry wins, and the root package `verispec`
+(a name without a dot) names only its own `__init__.py`, the public API."""
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int | None:
+    """The index in layers of the most specific entry naming module, or None."""
+    best: tuple[int, int] | None = None  # (entry length, layer index)
+    for index, members in enumerate(layers):
+        for m in members:
+            under = "." in m and module.startswith(m + ".")  # a root package: itself alone
+            if (module == m or under) and (best is None or len(m) > best[0]):
+                best = (len(m), index)
+    return None if best is None else best[1]
+
+
+def layer(module: str) -> int:
+    """layer_of module in LAYERS, which must place it."""
+    found = layer_of(module)
+    assert found is not None, f"{module} is on no layer"
+    return found
+
+
+def upward_imports(
+    graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS
+) -> list[str]:
+    """Every import of graph that runs up the layers, and every module on no layer (a package
+    whose `__init__.py` imports nothing is left out: a docstring has no layer)."""
+    problems = []
+    for name in sorted(graph):
+        layer = layer_of(name, layers)
+        if layer is None:
+            if graph[name]:
+                problems.append(f"{name} is on no layer of LAYERS")
+            continue
+        for imported in sorted(graph[name]):
+            other = layer_of(imported, layers)
+            if other is not None and other > layer:
+                problems.append(f"{name} (layer {layer + 1}) imports {imported} "
+                                f"(layer {other + 1})")  # fmt: skip
+    return problems
+
+
+def layers_text(layers: tuple[tuple[str, ...], ...] = LAYERS) -> str:
+    """The layers as docs/design.md section 2 shows them: one numbered line each."""
+    return "\n".join(f"{i:>2}. {', '.join(m)}" for i, m in enumerate(layers, start=1))
+
+
+def test_imports_run_down_the_layers() -> None:
+    problems = upward_imports(import_graph(MODULES))
+    assert not problems, "\n".join(problems)
+
+
+def test_every_module_is_on_a_layer() -> None:
+    unplaced = {name for name in MODULES if layer_of(name) is None}
+    assert unplaced == {"verispec.spec"}  # a docstring over two layers' modules
+    assert layer("verispec") == layer("verispec.api.llm")
+    assert layer("verispec.spec.resolve") > layer("verispec.drafters.registry")
+    assert layer("verispec.spec.cost") < layer("verispec.engine.engine")
+
+
+def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
+    """The probe: a package of two layers passes, then fails once its low module imports the
+    high one (lazily, inside a function); a fake graph with the engine importing a drafter
+    fails too."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text("")
+    (probe / "low.py").write_text("X = 1\n")
+    (probe / "high.py").write_text("from probe.low import X\n\nY = X\n")
+    layers = (("probe.low",), ("probe.high",))
+    assert upward_imports(import_graph(package_modules(probe)), layers) == []
+    (probe / "low.py").write_text("def f() -> int:\n    from probe import high\n\n"
+                                  "    return high.Y\n")  # fmt: skip
+    assert upward_imports(import_graph(package_modules(probe)), layers) == [
+        "probe.low (layer 1) imports probe.high (layer 2)"
+    ]
+    graph = import_graph(MODULES)
+    graph["verispec.engine.engine"] = graph["verispec.engine.engine"] | {
+        "verispec.drafters.registry"
+    }  # fmt: skip
+    assert upward_imports(graph) == [
+        f"verispec.engine.engine (layer {layer('verispec.engine') + 1}) imports "
+        f"verispec.drafters.registry (layer {layer('verispec.drafters') + 1})"
+    ]
+
+
+def test_the_design_doc_shows_the_layers() -> None:
+    design = (ROOT.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    assert layers_text() in design, "docs/design.md section 2 must show:\n" + layers_text()
 
 
 MODEL_LAYERS = {
@@ -182,6 +294,7 @@ def test_the_models_sub_layers_import_only_downward() -> None:
 
 
 FIRST_IMPORTS = [
+    "verispec.types", "verispec.data.corpus", "verispec.engine.drafter",
     "verispec.drafters", "verispec.drafters.registry", "verispec.engine.request",
     "verispec.config", "verispec.engine", "verispec.api.llm", "verispec.cli.main",
     "verispec.spec.resolve", "verispec.spec.policy", "verispec.audit.fit", "verispec.train.recipe",

@@ -1,9 +1,9 @@
 """verispec: lossless speculative decoding for large language models."""
 
 from verispec.api.llm import LLM
-from verispec.api.outputs import RequestMetrics, RequestOutput, StreamDelta, TokenLogprobs
-from verispec.api.sampling_params import SamplingParams, StructuredOutputsParams
 from verispec.config import SpecConfig
+from verispec.types.outputs import RequestMetrics, RequestOutput, StreamDelta, TokenLogprobs
+from verispec.types.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM", "RequestMetrics", "RequestOutput", "SamplingParams", "SpecConfig", "StreamDelta",

@@ -107,13 +107,13 @@ class EngineConfig:
     same as without; docs/design.md, 5). Off by default in the library, whose benchmarks repeat
     prompts; on by default in `verispec serve`. Works with every drafter: with an EAGLE head a
     prefix hit reuses as many blocks as the head's own cache also holds
-    (kv/prefix_cache.py, DrafterPrefix)."""
+    (engine/drafter.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     speculative: SpecConfig | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
     drafter (prompt lookup for the default chat model, the embedded draft for embedded-code),
-    plain decoding for any other model. The engine resolves it (spec/resolve.py,
-    resolve_speculative): its config then holds the SpecConfig that runs, or None."""
+    plain decoding for any other model. The API layer resolves it (LLM: spec/resolve.py,
+    resolve_speculative) and the engine takes only the SpecConfig that runs, or None."""
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, extra=(AUTO_NUMERICS,))
@@ -388,8 +388,3 @@ class SelfDraftConfig:
     @classmethod
     def of(cls, spec: SpecConfig) -> SelfDraftConfig:
         return cls(spec.self_skip_layers, spec.self_calibration)
-
-
-OPTION_CLASSES = (DraftModelConfig, HeadConfig, PromptLookupConfig, TreeConfig,
-                  LookupGraftConfig, SuffixConfig, SelfDraftConfig)  # fmt: skip
-"""Every per-method options class; the registry says which ones each method reads."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from verispec.drafters.proposer import Proposer
+from verispec.engine.drafter import Proposer
 from verispec.engine.request import Request
 from verispec.sample.tree import DraftTree
 

@@ -12,8 +12,8 @@ from transformers import PreTrainedTokenizerFast
 from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams
-from verispec.api.outputs import StreamDelta
 from verispec.api.stream import REPLACEMENT, TextStream, stable_text
+from verispec.types.outputs import StreamDelta
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 

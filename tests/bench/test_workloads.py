@@ -10,7 +10,6 @@ import re
 
 import pytest
 
-from verispec.api.chat import ROLES
 from verispec.bench.workloads import (
     BUILT_WITH_PYTHON,
     WORKLOADS,
@@ -19,9 +18,10 @@ from verispec.bench.workloads import (
     parse_row,
     prompt_token_ids,
 )
-from verispec.train.corpus import corpus_files
+from verispec.data.corpus import corpus_files
 from verispec.train.instructions import all_instructions, topics
 from verispec.train.prompts import MAX_PROMPT_CHARS, Prompt
+from verispec.types.chat import ROLES
 
 BUILT = sorted(name for name, w in WORKLOADS.items() if not w.chat)
 CHATML = (

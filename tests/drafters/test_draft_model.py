@@ -18,10 +18,10 @@ from tests.helpers.drafting import check_caches, small_vocab_sample
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.drafters.draft_model import check_vocabularies
 from verispec.engine.request import Request
-from verispec.engine.stats import SpecStats
 from verispec.models.kernels.native_layer import can_step_greedily
 from verispec.tokenizer import Tokenizer
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
+from verispec.types.stats import SpecStats
 
 LLAMA = pytest.mark.parametrize("spec_pair", [SPEC_PAIRS[0]], indirect=True, ids=["llama"])
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -19,12 +19,12 @@ import torch
 
 from tests.helpers.checkpoints import count_preemptions, make_checkpoint
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.ngram import propose_ngram
 from verispec.drafters.registry import HEAD_METHOD
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
+from verispec.engine.step_drafts import StepDrafts
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.models.batch import ForwardBatch
 from verispec.models.eagle import EagleConfig, save_eagle_head
@@ -42,6 +42,7 @@ from verispec.train.distill import (
 from verispec.train.eagle import TrainableEagle
 from verispec.train.head_recipe import HeadRecipe, batch_maker, head_objective
 from verispec.train.trainer import TrainConfig, train
+from verispec.types.outputs import RequestOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 320
@@ -275,9 +276,10 @@ def test_context_limit(trained: Trained, spec: tuple, plain: dict, monkeypatch) 
     ends = []
     execute = ModelRunner.execute
 
-    def spy(self: ModelRunner, scheduled: list, *args: Any) -> Any:
-        ends.extend(s.start + len(s.token_ids) + len(s.draft_token_ids) for s in scheduled)
-        return execute(self, scheduled, *args)
+    def spy(self: ModelRunner, scheduled: list, drafts: StepDrafts, *args: Any) -> Any:
+        ends.extend(s.start + len(s.token_ids) + len(ids)
+                    for s, ids in zip(scheduled, drafts.token_ids, strict=True))
+        return execute(self, scheduled, drafts, *args)
 
     monkeypatch.setattr(ModelRunner, "execute", spy)
     llm = eagle(trained, *spec, max_model_len=48)

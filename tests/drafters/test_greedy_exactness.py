@@ -23,12 +23,13 @@ from tests.helpers.drafting import (
     stop_params,
 )
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.ngram import Lookup
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
+from verispec.engine.step_drafts import StepDrafts
 from verispec.models.kernels.build import NativeKernel, native_kernel
+from verispec.types.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 METHODS = ("draft_model", "ngram", "suffix")
@@ -182,9 +183,10 @@ def test_context_limit(spec_pair, k: int, method: str, plain: Plain, monkeypatch
     ends = []  # one past the last position each scheduled request computes
     execute = ModelRunner.execute
 
-    def spy(self: ModelRunner, scheduled: list, *rest: Any) -> tuple:
-        ends.extend(s.start + len(s.token_ids) + len(s.draft_token_ids) for s in scheduled)
-        return execute(self, scheduled, *rest)
+    def spy(self: ModelRunner, scheduled: list, drafts: StepDrafts, *rest: Any) -> tuple:
+        ends.extend(s.start + len(s.token_ids) + len(ids)
+                    for s, ids in zip(scheduled, drafts.token_ids, strict=True))
+        return execute(self, scheduled, drafts, *rest)
 
     monkeypatch.setattr(ModelRunner, "execute", spy)
     out, llm = speculative(target, draft, method, k, prompts, params, max_model_len=48)

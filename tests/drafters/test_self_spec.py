@@ -41,11 +41,11 @@ from tests.helpers.drafting import (
     stop_params,
 )
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.api.outputs import RequestOutput
 from verispec.audit.fit import fit
 from verispec.drafters.registry import check_spec
 from verispec.drafters.self_draft import CALIBRATION_PROMPTS, SelfDraftProposer
 from verispec.drafters.skip_search import SkipChoice, calibrate, mean_accepted
+from verispec.types.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 WEAK = 0.15  # scale of layers 1 and 2's output projections

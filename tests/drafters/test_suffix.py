@@ -23,7 +23,7 @@ from verispec.config import SuffixConfig
 from verispec.drafters.registry import check_spec
 from verispec.drafters.suffix import SuffixProposer, grow_tree, speculate
 from verispec.drafters.suffix_trie import CachedOutputs, SuffixTrie, _subtree_size
-from verispec.engine.stats import SpecStats
+from verispec.types.stats import SpecStats
 
 # Brute-force references: scans of the sequences themselves.
 

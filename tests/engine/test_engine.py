@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from verispec import LLM, SamplingParams
-from verispec.api.outputs import RequestOutput
 from verispec.config import EngineConfig
 from verispec.engine.request import Status
-from verispec.engine.stats import PHASES, StepTimes
+from verispec.types.outputs import RequestOutput
+from verispec.types.stats import PHASES, StepTimes
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 

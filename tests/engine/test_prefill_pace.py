@@ -17,14 +17,15 @@ import pytest
 
 from tests.helpers.checkpoints import make_checkpoint
 from verispec import LLM
-from verispec.api.sampling_params import SamplingParams
 from verispec.engine import prefill_pace
 from verispec.engine.prefill_pace import LONE_STEPS, SHARE, PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.scheduler import ScheduledRequest, Scheduler
-from verispec.engine.stats import SpecStats
+from verispec.engine.step_drafts import StepDrafts
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.sample.rejection import Verdict
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 
 def test_worked_example() -> None:
@@ -171,7 +172,8 @@ def serve(cpu: SlowCPU, arrivals: list[tuple[float, Request]], pace: PrefillPace
             pace.observe(plan.paced, seconds, plan.alone)
         verdict = Verdict(token_ids=[[5]] * len(plan.sampling),
                           num_accepted=[0] * len(plan.sampling))  # fmt: skip
-        for r in scheduler.update(plan, verdict, str, SpecStats()):
+        none = StepDrafts.none(len(plan.scheduled))
+        for r in scheduler.update(plan, none, verdict, str, SpecStats()):
             done[r.request_id] = Timing(now - arrived[r.request_id], waited[r.request_id])
     assert ALLOCATOR.num_used == 0
     return done
@@ -230,9 +232,11 @@ def test_the_engine_paces_by_its_clock_on_a_machine_ten_times_slower(
     engine.clock = lambda: now[0]
     execute = engine.runner.execute
 
-    def slow_execute(scheduled: list[ScheduledRequest], layers: tuple[int, ...]) -> object:
+    def slow_execute(
+        scheduled: list[ScheduledRequest], drafts: StepDrafts, layers: tuple[int, ...]
+    ) -> object:
         now[0] += cpu.seconds(scheduled)
-        return execute(scheduled, layers)
+        return execute(scheduled, drafts, layers)
 
     monkeypatch.setattr(engine.runner, "execute", slow_execute)
     greedy = SamplingParams(temperature=0.0, max_tokens=ANSWER)

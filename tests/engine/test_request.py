@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.engine import request as request_module
 from verispec.engine.request import Request, Status, noise_key
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.sample.noise import NoiseKey
+from verispec.types.sampling_params import SamplingParams
 
 EOS = 99
 

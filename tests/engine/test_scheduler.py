@@ -15,13 +15,14 @@ from typing import NamedTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import ScheduledRequest, Scheduler, step_kind
-from verispec.engine.stats import SpecStats
+from verispec.engine.step_drafts import StepDrafts
 from verispec.kv import BlockAllocator, BlockTable
 from verispec.sample.rejection import Verdict
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 EOS = 1
 
@@ -76,7 +77,7 @@ def run_step(scheduler: Scheduler) -> list[Chunk]:
     tokens = [[next_token(s.request)] for s in plan.sampling]
     verdict = Verdict(token_ids=tokens, num_accepted=[0] * len(tokens))
     totals = SpecStats()
-    finished = scheduler.update(plan, verdict, decode, totals)
+    finished = scheduler.update(plan, StepDrafts.none(len(scheduled)), verdict, decode, totals)
     for s in scheduled:
         assert s.request.num_computed_tokens == s.start + len(s.token_ids)
     assert finished == [s.request for s in plan.sampling if s.request.finished]
@@ -315,8 +316,9 @@ def test_the_pace_grants_long_prefill_tokens_beside_other_work() -> None:
     long = make_request(alloc, prompt_len=100)
     scheduler.add(long)
     for expected in ([], [(long.request_id, 3, False)], [(long.request_id, 8, False)]):
-        scheduler.update(plan, Verdict(token_ids=[[5]] * len(plan.sampling),
-                                       num_accepted=[0] * len(plan.sampling)),
+        scheduler.update(plan, StepDrafts.none(len(plan.scheduled)),
+                         Verdict(token_ids=[[5]] * len(plan.sampling),
+                                 num_accepted=[0] * len(plan.sampling)),
                          decode, SpecStats())  # fmt: skip
         plan = scheduler.schedule()
         assert shape([Chunk(s.request, s.start, s.token_ids, s.samples)
@@ -397,14 +399,16 @@ def test_any_workload_finishes_with_the_same_tokens(
 def test_step_kind_names_plain_decode_and_verify_steps() -> None:
     request = SimpleNamespace(num_tokens=10)
 
-    def chunk(tokens: int, drafts: int, start: int = 9) -> ScheduledRequest:
-        s = ScheduledRequest(request, start, [1] * tokens, [])  # type: ignore[arg-type]
-        s.draft_token_ids = [2] * drafts
-        return s
+    def kind(*chunks: tuple[int, int] | tuple[int, int, int]) -> str | None:
+        """step_kind of chunks given as (tokens, drafts) or (tokens, drafts, start)."""
+        scheduled = [ScheduledRequest(request, c[2] if len(c) > 2 else 9, [1] * c[0], [])  # type: ignore[arg-type, misc]
+                     for c in chunks]  # fmt: skip
+        drafts = StepDrafts([[2] * c[1] for c in chunks], [None] * len(chunks))
+        return step_kind(scheduled, drafts)
 
-    assert step_kind([chunk(1, 0), chunk(1, 0)]) == "decode"
-    assert step_kind([chunk(1, 3), chunk(1, 1)]) == "verify"
-    assert step_kind([chunk(1, 3), chunk(1, 0)]) is None  # a mix
-    assert step_kind([chunk(4, 0, start=6)]) is None  # a prompt chunk
-    assert step_kind([chunk(1, 0, start=5)]) is None  # a chunk that samples nothing
-    assert step_kind([]) is None
+    assert kind((1, 0), (1, 0)) == "decode"
+    assert kind((1, 3), (1, 1)) == "verify"
+    assert kind((1, 3), (1, 0)) is None  # a mix
+    assert kind((4, 0, 6)) is None  # a prompt chunk
+    assert kind((1, 0, 5)) is None  # a chunk that samples nothing
+    assert kind() is None

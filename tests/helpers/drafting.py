@@ -12,12 +12,12 @@ import torch
 
 from tests.helpers.checkpoints import CORPUS
 from verispec import LLM, SamplingParams
-from verispec.api.outputs import RequestOutput
 from verispec.drafters import draft_vocab
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request, Status
 from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.types.outputs import RequestOutput
 
 VOCAB = 320
 

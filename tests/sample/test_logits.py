@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.sample import SamplingTensors, apply_penalties, warp
+from verispec.types.sampling_params import SamplingParams
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.sample import SamplingTensors, sample, warp
 from verispec.sample.noise import NoiseKey
 from verispec.sample.rejection import Verdict, verify, verify_greedy
+from verispec.types.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0)
 

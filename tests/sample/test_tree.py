@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.audit.fit import Fit, fit
 from verispec.sample import SamplingTensors, sample, tree, warp
 from verispec.sample.noise import NoiseKey
 from verispec.sample.rejection import Verdict, verify
 from verispec.sample.tree import DraftTree, verify_tree
+from verispec.types.sampling_params import SamplingParams
 
 CHAIN, STAR = [-1, 0, 1], [-1, -1, -1]
 TWO_LEVEL, UNBALANCED = [-1, -1, 0, 0, 1, 1], [-1, -1, -1, 0, 0, 3]

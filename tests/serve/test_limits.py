@@ -19,8 +19,8 @@ import pytest
 
 from tests.helpers.serving import assert_error, call
 from verispec import LLM
-from verispec.api.chat import chat_prompt
 from verispec.serve import Server, ServerLimits
+from verispec.types.chat import chat_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

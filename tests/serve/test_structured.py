@@ -13,10 +13,10 @@ import jsonschema
 import openai
 import pytest
 
-from verispec.api.sampling_params import StructuredOutputsParams as S
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
 from verispec.serve.structured import requested_constraint
+from verispec.types.sampling_params import StructuredOutputsParams as S
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -135,7 +135,7 @@ def test_a_template_without_tools_refuses_them_unless_tool_choice_is_none() -> N
 
 
 def test_forced_calls_and_a_response_format_are_refused_together() -> None:
-    from verispec.api.sampling_params import StructuredOutputsParams as S
+    from verispec.types.sampling_params import StructuredOutputsParams as S
 
     with pytest.raises(APIError) as e:
         plan(constraint=S(json_object=True), tools=TOOLS, tool_choice="required")

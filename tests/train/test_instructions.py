@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import verispec
-from verispec.api.chat import chat_prompt
 from verispec.train.instructions import (
     FAMILIES,
     all_instructions,
@@ -22,6 +21,7 @@ from verispec.train.instructions import (
     chat_prompt_ids,
     topics,
 )
+from verispec.types.chat import chat_prompt
 
 BENCH_CHAT = Path(verispec.__file__).parent / "bench" / "prompts" / "chat.jsonl"
 TEMPLATE = (

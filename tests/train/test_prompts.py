@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verispec.train.corpus import corpus_files
+from verispec.data.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, edit_prompts, free_prompts, spread
 
 SOURCE = '''import os

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verispec import LLM, SamplingParams
 from verispec.cli.main import main
-from verispec.train.corpus import stdlib_root
+from verispec.data.corpus import stdlib_root
 from verispec.train.recipe import (
     STAGES,
     ModelShape,

@@ -1,2 +1,2 @@
-"""What a Python user holds: LLM (llm), streaming (stream), the outputs, SamplingParams and chat
-templating. `from verispec import LLM, SamplingParams, ...` re-exports the main names."""
+"""What a Python user holds: LLM (llm) and streaming (stream); the plain types it returns live
+in verispec.types. `from verispec import LLM, SamplingParams, ...` re-exports the main names."""

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from tqdm import tqdm
 
-from verispec.api.chat import Conversation, as_conversations, chat_prompt, check_text
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import RequestStream
 from verispec.config import CacheConfig, EngineConfig, SpecConfig
+from verispec.drafters.registry import make_proposer
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
 from verispec.spec.resolve import DraftRuntime, resolve_speculative
+from verispec.types.chat import Conversation, as_conversations, chat_prompt, check_text
+from verispec.types.outputs import RequestOutput
+from verispec.types.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Params = SamplingParams | Sequence[SamplingParams] | None
@@ -59,7 +61,8 @@ class LLM:
         )  # fmt: skip
         spec = resolve_speculative(model, speculative, runtime=DraftRuntime.of(config))
         config = replace(config, speculative=spec)
-        self.engine = Engine(config, progress=progress)
+        drafter = None if spec is None else partial(make_proposer, spec)
+        self.engine = Engine(config, drafter, progress=progress)
 
     @property
     def tokenizer(self) -> Any:

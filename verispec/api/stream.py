@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from verispec.api.outputs import RequestOutput, StreamDelta, TokenLogprobs
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
 from verispec.tokenizer import Tokenizer
+from verispec.types.outputs import RequestOutput, StreamDelta, TokenLogprobs
 
 REPLACEMENT = "\ufffd"
 """What a decoder writes for an incomplete UTF-8 character (a multi-byte one split over tokens)."""

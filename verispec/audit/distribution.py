@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.sample import SamplingTensors, warp
+from verispec.types.sampling_params import SamplingParams
 
 NODES_PER_FORWARD = 64
 """First tokens scored per forward (64 rows of vocabulary-wide logits at a time)."""

@@ -11,7 +11,6 @@ from dataclasses import replace
 import numpy as np
 
 from verispec.api.llm import LLM
-from verispec.api.sampling_params import SamplingParams
 from verispec.audit.distribution import Row, TargetProbe
 from verispec.audit.fit import MIN_EXPECTED, Block, Fit, fit_blocks
 from verispec.audit.report import (
@@ -23,6 +22,7 @@ from verispec.audit.report import (
     exact_prompt,
     greedy_prompt,
 )
+from verispec.types.sampling_params import SamplingParams
 
 TokenPrompt = tuple[str, list[int]]  # (id, token ids)
 

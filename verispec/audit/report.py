@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.audit.fit import Comparison, Fit
+from verispec.types.sampling_params import SamplingParams
 
 EXACT, NOT_EXACT, INCONCLUSIVE = "exact", "not exact", "inconclusive"
 EXIT_CODES = {EXACT: 0, NOT_EXACT: 1, INCONCLUSIVE: 1}

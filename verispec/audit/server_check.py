@@ -15,7 +15,6 @@ from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.audit.client import ServerClient, ServerError
 from verispec.audit.fit import compare
 from verispec.audit.report import (
@@ -31,6 +30,7 @@ from verispec.audit.report import (
 from verispec.bench.workloads import BenchPrompt, ChatPrompt
 from verispec.config import MAX_TREE_NODES
 from verispec.serve.protocol import MAX_N
+from verispec.types.sampling_params import SamplingParams
 
 SAMPLE_MAX_TOKENS = 2 + MAX_TREE_NODES
 """max_tokens of a sampling request: room for any k at the second step (the scheduler drafts

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 from verispec.config import MAX_TREE_NODES, SpecConfig
 from verispec.drafters.registry import PLAIN, head_method_names, method
-from verispec.engine.stats import SpecStats, StepTimes
+from verispec.types.stats import SpecStats, StepTimes
 
 HEAD_METHODS = head_method_names()
 """Registry methods that draft with a head over the target's features: SpecConfig.model is a

@@ -13,7 +13,7 @@ import torch
 
 from verispec.bench.engines import BatchRun, MethodSpec, RequestRun, Sampling, gaps
 from verispec.drafters.registry import PLAIN, takes_draft_model
-from verispec.engine.stats import SpecStats
+from verispec.types.stats import SpecStats
 
 
 class TransformersEngine:

@@ -17,8 +17,8 @@ from verispec.bench.verify_cost import (
     step_predicted_speedup,
 )
 from verispec.drafters.registry import PLAIN, takes_draft_model, takes_head
-from verispec.engine.stats import SpecStats
 from verispec.spec.cost import alpha_from_length, predicted_speedup
+from verispec.types.stats import SpecStats
 
 
 @dataclass

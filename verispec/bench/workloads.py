@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verispec.api.chat import chat_prompt, check_conversation
-from verispec.train.corpus import corpus_files
+from verispec.data.corpus import corpus_files
 from verispec.train.prompts import Prompt, build_prompts, spread
+from verispec.types.chat import chat_prompt, check_conversation
 
 
 @dataclass(frozen=True)

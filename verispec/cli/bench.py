@@ -20,8 +20,9 @@ from verispec.bench.report import table, verify_table, write_json, write_plots
 from verispec.bench.summary import comparison_notes
 from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m, verify_cost_curve
 from verispec.cli.comma_list import comma_list
+from verispec.cli.options import DRAFT_FLAG_VALUES
 from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
-from verispec.models.kernels.quantization import AUTO_DRAFT, DRAFT_FLAG_VALUES
+from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.weights.loader import load_model
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
@@ -103,7 +104,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     explicit option on top; default models are the embedded pair."""
     import torch
 
-    from verispec.models.kernels.quantization import from_draft_flag
+    from verispec.cli.options import from_draft_flag
     from verispec.spec.resolve import DraftRuntime
 
     options: dict[str, Any] = dict(QUICK) if args.quick else {}

@@ -10,10 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from verispec.api.chat import require_chat_template
 from verispec.api.llm import LLM
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.cli.options import (
     acceptance_line,
     add_model_options,
@@ -21,7 +18,10 @@ from verispec.cli.options import (
     load_llm,
     sampling_params,
 )
-from verispec.engine.stats import SpecStats
+from verispec.types.chat import require_chat_template
+from verispec.types.outputs import RequestOutput
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 COMMANDS = "/reset clears the history, /stats shows acceptance and speed, /exit ends"
 

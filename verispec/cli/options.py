@@ -9,17 +9,10 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from verispec.api.chat import check_text
-from verispec.api.sampling_params import SamplingParams
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
-from verispec.engine.stats import SpecStats
 from verispec.kv.memory import parse_size
-from verispec.models.kernels.quantization import (
-    DRAFT_FLAG_VALUES,
-    FLAG_VALUES,
-    from_draft_flag,
-)
+from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
@@ -28,9 +21,23 @@ from verispec.spec.resolve import (
     resolve_speculative,
     spec_from_dict,
 )
+from verispec.types.chat import check_text
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM
+
+DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
+"""The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
+FLAG_VALUES = (AUTO_NUMERICS, "none", *QUANTIZATIONS)
+"""The values of the CLI's --quantization: "none" is exact float inputs (None)."""
+
+
+def from_draft_flag(value: str) -> str | None:
+    """SpecConfig.quantization for a --draft-quantization (or --quantization) value: "none" (as
+    stored, exact float inputs) is None."""
+    return None if value == "none" else value
 
 
 def add_model_options(cmd: argparse.ArgumentParser, max_tokens: int | None) -> None:

@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.cli.options import add_model_options, check_arguments, sampling_params
 from verispec.config import SpecConfig
+from verispec.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from verispec.api.llm import LLM
@@ -203,7 +203,7 @@ def _load(args: argparse.Namespace, spec: SpecConfig, mode: str) -> LLM:
     """The configuration's LLM; for sampling, one that decodes many short requests at once and
     computes the shared prompt's KV once (prefix caching, exact)."""
     from verispec import LLM
-    from verispec.models.kernels.quantization import from_draft_flag
+    from verispec.cli.options import from_draft_flag
 
     options: dict[str, Any] = {}
     if mode == "sampling":

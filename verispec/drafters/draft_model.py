@@ -10,8 +10,9 @@ import torch
 
 from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.ngram import Lookup
-from verispec.drafters.proposer import Drafts, TargetInfo, draw_drafts, stack_draft_probs
-from verispec.engine.request import Request, all_greedy
+from verispec.drafters.proposer import draw_drafts, stack_draft_probs
+from verispec.engine.drafter import Drafts, TargetInfo
+from verispec.engine.request import TokenHistory, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.cache import KVCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
@@ -115,7 +116,7 @@ class DraftModelProposer:
     def kv_cache(self) -> KVCache:
         return self.paged.kv
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """k_i tokens per request: a prompt-lookup copy where the lookup finds one (with a
         lookup), else the draft model's (_draft)."""
         cap = self.depth or max(num_tokens, default=0)
@@ -134,7 +135,7 @@ class DraftModelProposer:
         return Drafts(token_ids=drafts, probs=q_rows)
 
     def _draft(
-        self, requests: list[Request], ks: list[int]
+        self, requests: list[TokenHistory], ks: list[int]
     ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
         """The draft model's k_i tokens per request and their q rows (None: one-hot): the first
         forward catches the draft cache up with the tokens accepted since last time, then one
@@ -159,7 +160,7 @@ class DraftModelProposer:
         return drafts, probs
 
     def _step_greedily(
-        self, requests: Sequence[Request], ks: list[int], drafts: list[list[int]],
+        self, requests: Sequence[TokenHistory], ks: list[int], drafts: list[list[int]],
         probs: list[list[torch.Tensor | None]],
     ) -> bool:  # fmt: skip
         """After the first draft step: every further step in one native call
@@ -190,7 +191,7 @@ class DraftModelProposer:
         return min(self.target.vocab_size, self.model.config.vocab_size)
 
     def _sample(
-        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
+        self, logits: torch.Tensor, requests: list[TokenHistory], drafts: list[list[int]]
     ) -> tuple[torch.Tensor | None, list[int]]:
         """q [n, target vocab] after the request's own warping, and one draft token per row.
         All greedy: the argmax of the head's rows that score target ids, mapped to its ids (the
@@ -202,13 +203,13 @@ class DraftModelProposer:
         logits = _match_vocab(logits, self.target.vocab_size, self.model.vocab_ids)
         return draw_drafts(logits, requests, drafts, self.target.generator)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         """Free the draft KV blocks of a finished or preempted request."""
         state = self.states.pop(request.request_id, None)
         if state is not None:
             state.table.free()
 
-    def _forward(self, requests: list[Request], drafts: list[list[int]]) -> torch.Tensor:
+    def _forward(self, requests: list[TokenHistory], drafts: list[list[int]]) -> torch.Tensor:
         """One draft forward: for each request the tokens its draft cache lacks; logits [n, V]."""
         chunks = []
         for r, d in zip(requests, drafts, strict=True):
@@ -226,7 +227,7 @@ class DraftModelProposer:
                                                          committed)  # fmt: skip
         return logits
 
-    def _start(self, request: Request) -> _DraftState:
+    def _start(self, request: TokenHistory) -> _DraftState:
         """A new state for the request, holding its longest cached prefix when caching."""
         state = self.states[request.request_id] = _DraftState(self.paged.new_table())
         if self.prefix_cache is not None:

@@ -1,7 +1,7 @@
 """A draft model's reduced vocabulary (FR-Spec): the token ids its LM head keeps. Every special,
 added, chat-template and byte token, so no text becomes undraftable, then the ids most frequent
 in a sample of text: the running interpreter's standard library sources (code, and English in
-their comments and docstrings; train/corpus.py), tokenized with the draft's own tokenizer.
+their comments and docstrings; data/corpus.py), tokenized with the draft's own tokenizer.
 
 Counting takes seconds, so the ranking is kept in the cache (<cache>/draft_vocab/), keyed by the
 tokenizer's vocabulary and the sample's description; the ids for a size are then picked from
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from verispec.api.chat import chat_prompt
+from verispec.data.corpus import corpus_files, read_texts, stdlib_root
 from verispec.paths import cache_dir, read_cache_json, write_cache_json
 from verispec.tokenizer import Tokenizer
-from verispec.train.corpus import corpus_files, read_texts, stdlib_root
+from verispec.types.chat import chat_prompt
 
 CORPUS_CHARS = 8_000_000
 """Characters of the standard library counted (files spread evenly over it up to this many):

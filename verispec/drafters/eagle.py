@@ -35,13 +35,9 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.drafters.ngram import Lookup
-from verispec.drafters.proposer import (
-    Drafts,
-    TargetInfo,
-    draw_drafts,
-    stack_draft_probs,
-)
-from verispec.engine.request import Request, all_greedy
+from verispec.drafters.proposer import draw_drafts, stack_draft_probs
+from verispec.engine.drafter import Drafts, TargetInfo
+from verispec.engine.request import TokenHistory, all_greedy
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.cache import KVCache
 from verispec.models.batch import ForwardBatch, SeqChunk
@@ -74,7 +70,7 @@ class _Start:
     """Where one proposal's drafting starts: the requests, their head states, and the head's
     output and draft logits at each request's last position."""
 
-    requests: Sequence[Request]
+    requests: Sequence[TokenHistory]
     states: list[_HeadState]
     out: torch.Tensor
     """[n, hidden] the head's output at each request's last position."""
@@ -152,7 +148,7 @@ class EagleProposer:
         """Target residual streams the engine must hand over through observe()."""
         return self.head.feature_layers
 
-    def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
+    def observe(self, request: TokenHistory, start: int, features: torch.Tensor) -> None:
         """Features [n, F] of target positions start .. start + n - 1, whose KV the target
         keeps (prefill chunks, the verified token and accepted drafts)."""
         state = self.states.get(request.request_id)
@@ -174,7 +170,7 @@ class EagleProposer:
         """True: the head's own KV covers every position, built from the target's features."""
         return True
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         """Free the head's KV blocks of a finished or preempted request."""
         self.release_id(request.request_id)
 
@@ -184,7 +180,7 @@ class EagleProposer:
         if state is not None:
             state.table.free()
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """A chain (tree_topk 1) or a tree of up to num_tokens[i] nodes per request."""
         ks = [min(k, self.head.config.max_position_embeddings - r.num_tokens)
               for r, k in zip(requests, num_tokens, strict=True)]  # fmt: skip
@@ -200,7 +196,7 @@ class EagleProposer:
             trees = [t.graft(c) for t, c in zip(trees, chains, strict=True)]
         return Drafts(token_ids=[t.token_ids for t in trees], probs=None, trees=trees)
 
-    def _caught_up_state(self, request: Request) -> _HeadState:
+    def _caught_up_state(self, request: TokenHistory) -> _HeadState:
         state = self.states.get(request.request_id)
         if state is None or state.observed != request.num_tokens - 1:
             raise RuntimeError(
@@ -215,7 +211,7 @@ class EagleProposer:
         batch = ForwardBatch.build(chunks, self.block_size, self.head.device)
         return self.head.forward(batch, self.kv, feature)
 
-    def _catch_up(self, requests: Sequence[Request], states: list[_HeadState]) -> _Start:
+    def _catch_up(self, requests: Sequence[TokenHistory], states: list[_HeadState]) -> _Start:
         """Head rows for every position the target computed since last time; drafting starts
         from each request's last row."""
         chunks, features = [], []
@@ -257,7 +253,7 @@ class EagleProposer:
         return Drafts(token_ids=drafts, probs=q_rows)
 
     def _pick(
-        self, requests: list[Request], drafts: list[list[int]], logits: torch.Tensor
+        self, requests: list[TokenHistory], drafts: list[list[int]], logits: torch.Tensor
     ) -> tuple[torch.Tensor | None, list[int]]:
         """One draft token per row of draft logits [n, draft vocab]: the argmax, or a sample
         from the request's warping of the head's distribution over target ids."""

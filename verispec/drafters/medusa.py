@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from verispec.drafters.eagle import check_topk
-from verispec.drafters.proposer import Drafts
-from verispec.engine.request import Request
+from verispec.engine.drafter import Drafts
+from verispec.engine.request import TokenHistory
 from verispec.models.medusa import MedusaHeads
 from verispec.sample.tree import DraftTree
 
@@ -71,7 +71,7 @@ class MedusaProposer:
     def feature_layers(self) -> tuple[int, ...]:
         return (self.heads.feature_layer,)
 
-    def observe(self, request: Request, start: int, features: torch.Tensor) -> None:
+    def observe(self, request: TokenHistory, start: int, features: torch.Tensor) -> None:
         """Keep the last of the kept positions' features [n, hidden]."""
         state = self.states.get(request.request_id)
         if state is None or start == 0:  # a prefix cache hit may start after position 0
@@ -82,7 +82,7 @@ class MedusaProposer:
         state.feature = features[-1]
         state.observed += len(features)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         self.states.pop(request.request_id, None)
 
     @property
@@ -90,7 +90,7 @@ class MedusaProposer:
         """False: the heads read only the last position's features."""
         return False
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """The static tree cut to num_tokens[i] nodes, filled with each head's top tokens."""
         hidden = torch.stack([self._feature(r) for r in requests])  # [n, hidden]
         logits = self.heads.logits(hidden, self.depth)  # [depth, n, draft vocab]
@@ -100,7 +100,7 @@ class MedusaProposer:
                  for i, k in enumerate(num_tokens)]  # fmt: skip
         return Drafts(token_ids=[t.token_ids for t in trees], probs=None, trees=trees)
 
-    def _feature(self, request: Request) -> torch.Tensor:
+    def _feature(self, request: TokenHistory) -> torch.Tensor:
         state = self.states.get(request.request_id)
         if state is None or state.feature is None or state.observed != request.num_tokens - 1:
             raise RuntimeError(f"Medusa lacks the last hidden state of request "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from verispec.drafters.proposer import Drafts
-from verispec.engine.request import Request
+from verispec.engine.drafter import Drafts
+from verispec.engine.request import TokenHistory
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -89,7 +89,7 @@ class Lookup:
     min_n: int
     max_n: int
 
-    def chain(self, request: Request, budget: int) -> list[int]:
+    def chain(self, request: TokenHistory, budget: int) -> list[int]:
         """The lookup continuation of request's context: at most min(tokens, budget) ids."""
         k = max(0, min(self.tokens, budget))
         return propose_ngram(request.all_token_ids, self.min_n, self.max_n, k)
@@ -102,7 +102,7 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """Up to num_tokens[i] tokens copied from earlier in requests[i]'s own context."""
         ids = [
             propose_ngram(r.all_token_ids, self.min_n, self.max_n, k)
@@ -110,5 +110,5 @@ class NgramProposer:
         ]
         return Drafts(token_ids=ids, probs=None)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         """Nothing is kept per request."""

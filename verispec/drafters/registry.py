@@ -24,9 +24,9 @@ from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.eagle import EagleProposer
 from verispec.drafters.medusa import MedusaProposer
 from verispec.drafters.ngram import Lookup, NgramProposer
-from verispec.drafters.proposer import Proposer, TargetInfo
 from verispec.drafters.self_draft import make_self_proposer
 from verispec.drafters.suffix import SuffixProposer
+from verispec.engine.drafter import Proposer, TargetInfo
 from verispec.models.eagle import load_eagle_head
 from verispec.models.kernels.backends import choose_backend
 from verispec.models.kernels.quantization import AUTO_DRAFT

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verispec.api.chat import chat_prompt
 from verispec.drafters.draft_model import DraftModelProposer
-from verispec.drafters.proposer import TargetInfo
 from verispec.drafters.skip_search import SkipChoice, calibrate
+from verispec.engine.drafter import TargetInfo
 from verispec.models.catalog.hub import say_on_stderr
 from verispec.tokenizer import Tokenizer
+from verispec.types.chat import chat_prompt
 
 CALIBRATION_PROMPTS = (
     "Explain how the gears on a bicycle make it easier to ride up a steep hill.",

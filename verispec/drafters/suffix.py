@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verispec.config import SuffixConfig
-from verispec.drafters.proposer import Drafts
 from verispec.drafters.suffix_trie import CachedOutputs, Cursor, SuffixTrie
-from verispec.engine.request import Request
+from verispec.engine.drafter import Drafts
+from verispec.engine.request import TokenHistory
 from verispec.sample.tree import DraftTree
 
 
@@ -130,7 +130,7 @@ class SuffixProposer:
         self.requests: dict[str, SuffixTrie] = {}
         """Per request being drafted for: its prompt and output so far (one sequence, key 0)."""
 
-    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Drafts:
+    def propose(self, requests: Sequence[TokenHistory], num_tokens: Sequence[int]) -> Drafts:
         """A tree of at most num_tokens[i] nodes per request (possibly empty)."""
         trees = []
         for request, k in zip(requests, num_tokens, strict=True):
@@ -141,7 +141,7 @@ class SuffixProposer:
             trees.append(spec.tree)
         return Drafts(token_ids=[t.token_ids for t in trees], probs=None, trees=trees)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: TokenHistory) -> None:
         """Forget a request's own trie; a finished one's output joins the cached outputs (a
         preempted one is still running and will be drafted for again)."""
         self.requests.pop(request.request_id, None)
@@ -152,7 +152,7 @@ class SuffixProposer:
         """Forget every cached output (benchmarks start each pass over a prompt set cold)."""
         self.cached.clear()
 
-    def _own_trie(self, request: Request) -> SuffixTrie:
+    def _own_trie(self, request: TokenHistory) -> SuffixTrie:
         """The request's trie, extended with the tokens it received since the last step."""
         trie = self.requests.get(request.request_id)
         if trie is None:

@@ -1,4 +1,3 @@
-"""The serving loop: engine (the step), scheduler, runner, request (a sequence's state), the
-adaptive speculation policy and its step profiles, stats (acceptance counters and step times).
-Import the modules themselves: models import nothing of the engine, and this file imports
-nothing, so any of them loads first."""
+"""The step loop: engine (the step), scheduler, runner, request (a sequence's state), the
+prefill pace, and drafter (the contract every drafter meets; the engine is handed one built).
+Import the modules themselves: this file imports nothing, so any of them loads first."""

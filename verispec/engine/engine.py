@@ -1,26 +1,29 @@
-"""Engine: the step loop (schedule, run, sample, update) over a loaded model and tokenizer."""
+"""Engine: the step loop (schedule, propose, run, verify, update) over a loaded model."""
 
 from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.config import EngineConfig
-from verispec.drafters.proposer import FeatureProposer, HoldsKV, Proposer, TargetInfo
-from verispec.drafters.registry import make_proposer
+from verispec.engine.drafter import (
+    Capabilities,
+    FeatureProposer,
+    MakeDrafter,
+    Proposer,
+    TargetInfo,
+)
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
-from verispec.engine.scheduler import Schedule, ScheduledRequest, Scheduler, step_kind
-from verispec.engine.stats import SpecStats, StepTimes
-from verispec.kv import BlockAllocator, CachesPrefixes, DrafterPrefix, PrefixCache
+from verispec.engine.scheduler import Schedule, Scheduler
+from verispec.engine.step_drafts import StepDrafts, trim_to_grammar
+from verispec.engine.step_watch import StepWatch
+from verispec.kv import BlockAllocator, PrefixCache
 from verispec.kv.memory import KVMemory, check_fits, format_size, kv_pool_bytes
 from verispec.models.catalog.hub import DEFAULT_MODEL
 from verispec.models.paged import PagedModel
@@ -35,8 +38,10 @@ from verispec.sample.grammar import GrammarCompiler
 from verispec.sample.rejection import Verdict
 from verispec.spec import profiles
 from verispec.spec.policy import AdaptiveSpeculation
-from verispec.spec.resolve import DraftRuntime, resolve_speculative
 from verispec.tokenizer import Tokenizer
+from verispec.types.outputs import RequestOutput, TokenLogprobs
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats, StepTimes
 
 PACE_RUNS = 2
 """Timed one-token forwards at start whose fastest seeds the prefill pace's plain step."""
@@ -45,12 +50,19 @@ PACE_RUNS = 2
 class Engine:
     """Continuous-batching generation over a paged KV cache."""
 
-    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
-        """Load the model and tokenizer, size the KV cache, then set up speculation (drafter,
-        prefix caching, adaptive policy) and the scheduler over them."""
-        spec = resolve_speculative(config.model, config.speculative,
-                                   runtime=DraftRuntime.of(config))  # fmt: skip
-        self.config = config = replace(config, speculative=spec)
+    def __init__(
+        self, config: EngineConfig, make_drafter: MakeDrafter | None = None,
+        progress: bool = False,
+    ) -> None:  # fmt: skip
+        """Load the model and tokenizer, size the KV cache, then set up speculation (the drafter
+        make_drafter builds for config.speculative, which the caller resolved; prefix caching;
+        adaptive policy) and the scheduler over them."""
+        if config.speculative == "auto":
+            raise ValueError("the engine takes a resolved speculative config (a SpecConfig or "
+                             "None): resolve 'auto' first (spec/resolve.py)")  # fmt: skip
+        if (config.speculative is None) != (make_drafter is None):
+            raise ValueError("an engine with a speculative config needs its drafter's builder "
+                             "(make_drafter), and one without needs none")  # fmt: skip
         self.device = resolve_device(config.device)
         self.model_path = resolve_model_path(config.model or DEFAULT_MODEL)
         dtype = resolve_dtype(config.dtype, self.device)
@@ -73,14 +85,12 @@ class Engine:
         self.eos_token_ids = frozenset(
             self.tokenizer.eos_token_ids + self.model.config.eos_token_ids
         )
-        self.proposer = self._make_proposer(dtype, num_blocks, generator)
+        self.proposer = self._make_proposer(make_drafter, dtype, num_blocks, generator)
+        self.capabilities = Capabilities.of(self.proposer)
+        """The proposer's optional capabilities (engine/drafter.py), found and checked once."""
         self.kv_memory = self._kv_memory()
         """The bytes of the KV pools, committed now (kv/memory.py): what they take under load."""
-        self.feature_drafter = (
-            self.proposer if isinstance(self.proposer, FeatureProposer) else None
-        )
-        """The proposer when it reads the target's features (EAGLE, Medusa), else None."""
-        self.prefix_cache, drafter_prefix = self._prefix_caching()
+        self.prefix_cache = self._prefix_caching()
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
         5), else None."""
         self.spec_policy = self._make_policy()
@@ -89,18 +99,35 @@ class Engine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,
-            drafter_prefix, config.long_prefill_chunk, self._prefill_pace(),
+            self.capabilities.shared_prefix if self.prefix_cache is not None else None,
+            config.long_prefill_chunk, self._prefill_pace(),
         )  # fmt: skip
         self.spec_stats = SpecStats()
         """Acceptance counters summed over every request this engine has served."""
-        self.step_times = StepTimes()
-        """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
+        self.watch = StepWatch(StepTimes(), self.scheduler.pace, self.spec_policy)
+        """The observer of each step's times (engine/step_watch.py)."""
         self.num_preemptions = 0
         """Requests whose KV was freed to make room for others (recomputed later), summed."""
-        self.clock: Callable[[], float] = time.perf_counter
+        self._ids = itertools.count()
+
+    @property
+    def step_times(self) -> StepTimes:
+        """Seconds spent per step phase (schedule, draft, target, verify, update), summed."""
+        return self.watch.times
+
+    @step_times.setter
+    def step_times(self, times: StepTimes) -> None:
+        self.watch.times = times
+
+    @property
+    def clock(self) -> Callable[[], float]:
         """Seconds, read around each step for the prefill pace and the adaptive policy (a
         test gives its own to simulate a slower machine)."""
-        self._ids = itertools.count()
+        return self.watch.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.watch.clock = clock
 
     def _max_model_len(self) -> int:
         """config.max_model_len, or the model's own limit when unset; above that limit: an
@@ -144,17 +171,19 @@ class Engine:
     def _kv_memory(self) -> KVMemory:
         """The KV pools this engine committed: the target's and a drafter's own."""
         target = self.runner.target
-        drafter = self.proposer.kv_cache.nbytes if isinstance(self.proposer, HoldsKV) else 0
+        own = self.capabilities.own_kv
+        drafter = own.kv_cache.nbytes if own is not None else 0
         return KVMemory(target.kv.nbytes, drafter, target.kv.num_blocks * target.block_size,
                         self.max_model_len)  # fmt: skip
 
     def _make_proposer(
-        self, dtype: torch.dtype, num_blocks: int, generator: torch.Generator
-    ) -> Proposer | None:
-        """The drafter of config.speculative (None without speculation), told what it needs
-        of the target."""
-        spec, c = self.config.speculative, self.config
-        if spec is None:
+        self, make_drafter: MakeDrafter | None, dtype: torch.dtype, num_blocks: int,
+        generator: torch.Generator,
+    ) -> Proposer | None:  # fmt: skip
+        """The drafter make_drafter builds (None without speculation), told what it needs of
+        the target."""
+        c = self.config
+        if make_drafter is None:
             return None
         target = TargetInfo(
             tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
@@ -163,25 +192,17 @@ class Engine:
             max_num_seqs=c.max_num_seqs, linear_backend=c.linear_backend,
             batch_invariant=c.batch_invariant, compile=c.compile, model=self.model,
         )  # fmt: skip
-        return make_proposer(spec, target)
+        return make_drafter(target)
 
-    def _prefix_caching(self) -> tuple[PrefixCache | None, DrafterPrefix | None]:
+    def _prefix_caching(self) -> PrefixCache | None:
         """The index of computed KV blocks, when config.enable_prefix_caching (docs/design.md,
-        5), and the drafter whose own prefix cache a hit must be cut to (else None): a drafter
-        with a KV cache of its own indexes its blocks too, and one that reads the target's
-        features of every position (EAGLE) cuts a hit to what both hold."""
+        5), else None; a drafter with a KV cache of its own indexes its blocks too (and one
+        that reads every position, EAGLE, has the scheduler cut a hit to what both hold)."""
         if not self.config.enable_prefix_caching:
-            return None, None
-        prefix_cache = PrefixCache(self.allocator, self.config.cache.block_size)
-        if isinstance(self.proposer, CachesPrefixes):  # a draft model, an EAGLE head
-            self.proposer.enable_prefix_caching()
-        drafter = self.feature_drafter
-        if drafter is None or not drafter.reads_every_position:
-            return prefix_cache, None
-        if not isinstance(drafter, DrafterPrefix):
-            raise TypeError(f"{type(drafter).__name__} reads every position but keeps "
-                            "no prefix cache (kv.prefix_cache.DrafterPrefix)")  # fmt: skip
-        return prefix_cache, drafter
+            return None
+        if self.capabilities.prefixes is not None:  # a draft model, an EAGLE head
+            self.capabilities.prefixes.enable_prefix_caching()
+        return PrefixCache(self.allocator, self.config.cache.block_size)
 
     def _prefill_pace(self) -> PrefillPace | None:
         """The pace of long prefills (engine/prefill_pace.py), its plain step seeded with a
@@ -240,95 +261,86 @@ class Engine:
         return self.runner.target.allocator
 
     def step(self) -> list[Request]:
-        """Schedule, draft, run one target forward, verify, update; returns the requests that
-        received tokens this step."""
-        times = self.step_times
-        times.start()
-        started = self.clock()
+        """Schedule, propose, run the target, verify, update (docs/design.md, 1); returns the
+        requests that received tokens this step. Each phase's time goes to self.watch."""
+        watch = self.watch.start()
+        plan = watch.timed("schedule", self._schedule)
+        drafts = watch.timed("draft", self._propose, plan)
+        logits, features = watch.timed("target", self.runner.execute, plan.scheduled, drafts,
+                                       self._feature_layers)  # fmt: skip
+        verdict, logprobs = watch.timed("verify", self._verify, plan, drafts, logits, features)
+        watch.timed("update", self._update, plan, drafts, verdict, logprobs)
+        watch.end(plan, drafts, verdict)
+        return [s.request for s in plan.sampling]
+
+    def _schedule(self) -> Schedule:
+        """The step's plan; the drafter forgets the requests it preempted."""
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             raise RuntimeError("scheduler found no runnable request although some are unfinished")
         self._release(plan.preempted)
         self.num_preemptions += len(plan.preempted)
-        times.lap("schedule")
-        drafting_started = self.clock()
-        draft_probs = self._propose(plan.scheduled)
-        draft_s = self.clock() - drafting_started
-        times.lap("draft")
-        drafter = self.feature_drafter
-        layers = drafter.feature_layers if drafter is not None else ()
-        logits, features = self.runner.execute(plan.scheduled, layers)
-        times.lap("target")
-        times.record(step_kind(plan.scheduled), self.clock() - drafting_started)
-        verdict = self.runner.verify(logits, plan.sampling, draft_probs)
-        if drafter is not None and features is not None:
-            self._observe(drafter, plan, verdict, features)
+        return plan
+
+    def _propose(self, plan: Schedule) -> StepDrafts:
+        """The drafts of each decoding request with draft slots (trimmed to its grammar), as
+        the step's value; none without a proposer."""
+        drafting = [i for i, s in enumerate(plan.scheduled) if s.num_draft_slots > 0]
+        if self.proposer is None or not drafting:
+            return StepDrafts.none(len(plan.scheduled))
+        requests = [plan.scheduled[i].request for i in drafting]
+        drafts = self.proposer.propose(
+            requests, [plan.scheduled[i].num_draft_slots for i in drafting]
+        )
+        return StepDrafts.placed(len(plan.scheduled), drafting, drafts,
+                                 trim_to_grammar(requests, drafts))  # fmt: skip
+
+    def _verify(
+        self, plan: Schedule, drafts: StepDrafts, logits: torch.Tensor,
+        features: torch.Tensor | None,
+    ) -> tuple[Verdict, list[list[TokenLogprobs] | None] | None]:  # fmt: skip
+        """The verdict on the step's drafts; a feature drafter observes the kept positions, and
+        the requests that ask get their tokens' logprobs (else None)."""
+        verdict = self.runner.verify(logits, plan, drafts)
+        if self.capabilities.features is not None and features is not None:
+            self._observe(self.capabilities.features, plan, drafts, verdict, features)
         logprobs = None
         if any(s.request.params.logprobs is not None for s in plan.sampling):
-            logprobs = self.runner.logprobs(logits, plan.sampling, verdict)
-        times.lap("verify")
+            logprobs = self.runner.logprobs(logits, plan, drafts, verdict)
+        return verdict, logprobs
+
+    def _update(
+        self, plan: Schedule, drafts: StepDrafts, verdict: Verdict,
+        logprobs: list[list[TokenLogprobs] | None] | None,
+    ) -> None:  # fmt: skip
+        """Apply the verdict to the requests and the KV; release the finished ones."""
         finished = self.scheduler.update(
-            plan, verdict, self.tokenizer.decode, self.spec_stats, logprobs
+            plan, drafts, verdict, self.tokenizer.decode, self.spec_stats, logprobs
         )
         self._release(finished)
-        times.lap("update")
-        times.steps += 1
-        pace = self.scheduler.pace
-        if pace is not None:
-            pace.observe(plan.paced, self.clock() - started, plan.alone)
-        if self.spec_policy is not None:
-            self._observe_step(self.spec_policy, plan, verdict,
-                               self.clock() - started, draft_s)  # fmt: skip
-        return [s.request for s in plan.sampling]
 
-    @staticmethod
-    def _observe_step(
-        policy: AdaptiveSpeculation, plan: Schedule, verdict: Verdict, step_s: float,
-        draft_s: float,
-    ) -> None:  # fmt: skip
-        """Feed the adaptive policy this step's times and each request's acceptance."""
-        tokens = sum(len(s.token_ids) + len(s.draft_token_ids) for s in plan.scheduled)
-        depth = max((len(s.draft_token_ids) for s in plan.scheduled), default=0)
-        # Prefill tokens cost less than verify rows (shorter attention): only steps of decode
-        # rows and their drafts teach the target curve, which the policy asks about them.
-        decode_only = all(s.is_decode for s in plan.scheduled)
-        policy.cost.observe(tokens if decode_only else None, depth, step_s - draft_s, draft_s)
-        for s, accepted in zip(plan.sampling, verdict.num_accepted, strict=True):
-            policy.observe_request(s.request.request_id, len(s.draft_token_ids), accepted)
-
-    def _propose(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
-        """Fill each decoding request's draft tokens; return the drafter's q rows (or None)."""
-        drafting = [s for s in scheduled if s.num_draft_slots > 0]
-        if self.proposer is None or not drafting:
-            return None
-        drafts = self.proposer.propose(
-            [s.request for s in drafting], [s.num_draft_slots for s in drafting]
-        )
-        for i, (s, ids) in enumerate(zip(drafting, drafts.token_ids, strict=True)):
-            grammar = s.request.grammar
-            if grammar is not None and drafts.trees is None and drafts.probs is None:
-                # deterministic drafts stop before the first the grammar forbids: the masked
-                # target could never accept it (sampled drafts come from a masked q)
-                ids = ids[: grammar.valid_prefix(ids)]
-            s.draft_token_ids = ids
-            s.draft_tree = None if drafts.trees is None else drafts.trees[i]
-        return drafts.probs
+    @property
+    def _feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose features the drafter reads (none for most drafters)."""
+        drafter = self.capabilities.features
+        return drafter.feature_layers if drafter is not None else ()
 
     @staticmethod
     def _observe(
-        proposer: FeatureProposer, plan: Schedule, verdict: Verdict, features: torch.Tensor
-    ) -> None:
+        proposer: FeatureProposer, plan: Schedule, drafts: StepDrafts, verdict: Verdict,
+        features: torch.Tensor,
+    ) -> None:  # fmt: skip
         """Hand a feature drafter the features [new tokens, F] of the positions whose KV is
         kept: each chunk's tokens, then the accepted drafts (a tree's accepted path)."""
-        sampled = {id(s): i for i, s in enumerate(plan.sampling)}  # verdict row of each
+        sampled = {i: row for row, i in enumerate(plan.sampled)}  # verdict row of each chunk
         offset = 0
-        for s in plan.scheduled:
+        for i, (s, ids) in enumerate(zip(plan.scheduled, drafts.token_ids, strict=True)):
             rows = list(range(offset, offset + len(s.token_ids)))
-            if id(s) in sampled:
+            if i in sampled:
                 first = offset + len(s.token_ids)
-                rows += [first + d for d in verdict.accepted_drafts(sampled[id(s)])]
+                rows += [first + d for d in verdict.accepted_drafts(sampled[i])]
             proposer.observe(s.request, s.start, features[rows])
-            offset += len(s.token_ids) + len(s.draft_token_ids)
+            offset += len(s.token_ids) + len(ids)
 
     def _release(self, requests: list[Request]) -> None:
         """Drop what the drafter (and the adaptive policy) holds for requests that finished or
@@ -355,7 +367,8 @@ class Engine:
         while some are unfinished; True otherwise (also without prefix caching)."""
         if self.has_unfinished():
             return False
-        for cache in (self.prefix_cache, getattr(self.proposer, "prefix_cache", None)):
+        own = self.capabilities.prefixes
+        for cache in (self.prefix_cache, own.prefix_cache if own is not None else None):
             if cache is not None:
                 cache.reset()
         return True

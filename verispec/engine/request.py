@@ -8,16 +8,40 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from verispec.api.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
-from verispec.api.sampling_params import SamplingParams
-from verispec.engine.stats import SpecStats
 from verispec.kv import BlockTable
 from verispec.sample import SamplingTensors
 from verispec.sample.grammar import GrammarMatcher
 from verispec.sample.noise import NoiseKey
+from verispec.types.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprobs
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
+
+
+class TokenHistory(Protocol):
+    """What a drafter reads of a request (engine/drafter.py) and the warping helpers below
+    read: its id, its tokens so far, and how it samples (params, grammar). A Request is one; a
+    drafter replayed on recorded outputs is handed another."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def grammar(self) -> GrammarMatcher | None: ...
+    @property
+    def finished(self) -> bool: ...
 
 
 class Status(enum.Enum):
@@ -172,13 +196,13 @@ def decodes(computed: int, new_tokens: int, num_tokens: int) -> bool:
     return computed > 0 and new_tokens == 1 and computed + new_tokens == num_tokens
 
 
-def all_greedy(requests: Sequence[Request]) -> bool:
+def all_greedy(requests: Sequence[TokenHistory]) -> bool:
     """True when every request takes its argmax (greedy, no penalties): its target p and a
     drafter's q are then one-hot, and only raw logits' argmaxes matter."""
     return all(r.params.greedy and not r.params.needs_penalties for r in requests)
 
 
-def noise_key(request: Request, offset: int = 0) -> NoiseKey | None:
+def noise_key(request: TokenHistory, offset: int = 0) -> NoiseKey | None:
     """The noise key of the token `offset` positions after a seeded request's output so far
     (its seed, that output position: sample/noise.py); None without a seed (the engine's
     shared generator). A drafter's j-th draft and verify row j use offset j."""
@@ -187,7 +211,7 @@ def noise_key(request: Request, offset: int = 0) -> NoiseKey | None:
 
 
 def sampling_tensors(
-    rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int, device: torch.device
+    rows: Sequence[tuple[TokenHistory, Sequence[int]]], vocab_size: int, device: torch.device
 ) -> SamplingTensors:
     """Warping tensors for logits rows, each given as (request, draft tokens that row's history
     holds after the request's output). Histories matter for penalties and for a grammar's mask,
@@ -205,7 +229,7 @@ def sampling_tensors(
 
 
 def grammar_masks(
-    rows: Sequence[tuple[Request, Sequence[int]]], vocab_size: int
+    rows: Sequence[tuple[TokenHistory, Sequence[int]]], vocab_size: int
 ) -> torch.Tensor | None:
     """[n, vocab] bool: each row's structured-output mask after its history (all True for rows
     of unconstrained requests); None when no request has a grammar. A request's rows are

@@ -6,13 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.api.outputs import TokenLogprobs
 from verispec.engine.request import all_greedy, noise_key, sampling_tensors
-from verispec.engine.scheduler import ScheduledRequest
+from verispec.engine.scheduler import Schedule, ScheduledRequest
+from verispec.engine.step_drafts import StepDrafts
 from verispec.models.batch import SeqChunk
 from verispec.models.paged import PagedModel
 from verispec.sample.rejection import Verdict, verify, verify_greedy
 from verispec.sample.tree import DraftTree, verify_tree
+from verispec.types.outputs import TokenLogprobs
 
 
 class ModelRunner:
@@ -24,56 +25,50 @@ class ModelRunner:
         """Shared generator for requests without a seed of their own."""
 
     def execute(
-        self, scheduled: list[ScheduledRequest], feature_layers: Sequence[int] = ()
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, scheduled: list[ScheduledRequest], drafts: StepDrafts,
+        feature_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """One forward over every scheduled chunk and its drafts (a tree's nodes with its
         tree mask and positions). Returns logits [R, vocab], with 1 + len(drafts) rows per
         request that samples this step, in scheduled order; and, when feature_layers are
         asked for, the features [every new token, F] of every row in chunk order."""
-        chunks = [self._chunk(s) for s in scheduled]
+        chunks = [self._chunk(s, ids, tree) for s, ids, tree
+                  in zip(scheduled, drafts.token_ids, drafts.trees, strict=True)]  # fmt: skip
         if not feature_layers:
             return self.target.forward(chunks), None
         return self.target.forward_with_features(chunks, feature_layers)
 
     @staticmethod
-    def _chunk(s: ScheduledRequest) -> SeqChunk:
-        tokens = s.token_ids + s.draft_token_ids
-        tree = s.draft_tree
+    def _chunk(s: ScheduledRequest, drafts: list[int], tree: DraftTree | None) -> SeqChunk:
+        tokens = s.token_ids + drafts
         return SeqChunk(
             token_ids=tokens,
             start_position=s.start,
             slots=s.slots[: len(tokens)],
             block_table=s.request.block_table.blocks,
-            num_logits=1 + len(s.draft_token_ids) if s.samples else 0,
+            num_logits=1 + len(drafts) if s.samples else 0,
             extra_mask=None if tree is None else tree.attention_mask(),
             positions=None if tree is None else tree.positions(s.start),
         )
 
-    def verify(
-        self,
-        logits: torch.Tensor,
-        sampling: list[ScheduledRequest],
-        draft_probs: torch.Tensor | None,
-    ) -> Verdict:
+    def verify(self, logits: torch.Tensor, plan: Schedule, drafts: StepDrafts) -> Verdict:
         """Accepted drafts plus one recovered/bonus token per sampling request (with no drafts
         that is plain sampling). Row j of a request is warped with the drafts on the path to
         it as history. An accepted tree path's KV is moved to the slots a chain would use."""
-        if any(s.draft_tree is not None for s in sampling):
-            return self._verify_trees(logits, sampling)
+        sampling, chains = plan.sampling, drafts.rows(plan.sampled)
+        if drafts.has_trees:
+            return self._verify_trees(logits, sampling, chains, drafts.tree_rows(plan.sampled))
         if all_greedy([s.request for s in sampling]) and not any(
             s.request.grammar is not None for s in sampling
         ):
-            return verify_greedy(logits, [s.draft_token_ids for s in sampling])  # no tensors
-        rows = [
-            (s.request, s.draft_token_ids[:j])
-            for s in sampling
-            for j in range(len(s.draft_token_ids) + 1)
-        ]
+            return verify_greedy(logits, chains)  # no tensors
+        rows = [(s.request, ids[:j]) for s, ids in zip(sampling, chains, strict=True)
+                for j in range(len(ids) + 1)]  # fmt: skip
         t = sampling_tensors(rows, logits.shape[-1], logits.device)
         return verify(
             logits,
-            [s.draft_token_ids for s in sampling],
-            draft_probs,
+            chains,
+            drafts.probs,
             t,
             [noise_key(s.request) for s in sampling],
             self.generator,
@@ -81,7 +76,7 @@ class ModelRunner:
 
     @staticmethod
     def logprobs(
-        logits: torch.Tensor, sampling: list[ScheduledRequest], verdict: Verdict
+        logits: torch.Tensor, plan: Schedule, drafts: StepDrafts, verdict: Verdict
     ) -> list[list[TokenLogprobs] | None]:
         """Per sampling request that asks for logprobs, those of its emitted tokens under the
         target: each token is scored by the row that predicted it (the chunk's last token for
@@ -89,18 +84,21 @@ class ModelRunner:
         decoding would. None for requests that do not ask."""
         out: list[list[TokenLogprobs] | None] = []
         first = 0  # the request's first logits row
-        for i, s in enumerate(sampling):
+        for i, (s, ids) in enumerate(zip(plan.sampling, drafts.rows(plan.sampled), strict=True)):
             num_top = s.request.params.logprobs
             if num_top is None:
                 out.append(None)
             else:
                 rows = [first] + [first + 1 + d for d in verdict.accepted_drafts(i)]
                 out.append(token_logprobs(logits[rows], verdict.token_ids[i], num_top))
-            first += 1 + len(s.draft_token_ids)
+            first += 1 + len(ids)
         return out
 
-    def _verify_trees(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> Verdict:
-        trees = [s.draft_tree or DraftTree.chain(s.draft_token_ids) for s in sampling]
+    def _verify_trees(
+        self, logits: torch.Tensor, sampling: list[ScheduledRequest], chains: list[list[int]],
+        given: list[DraftTree | None],
+    ) -> Verdict:  # fmt: skip
+        trees = [tree or DraftTree.chain(ids) for ids, tree in zip(chains, given, strict=True)]
         rows = [(s.request, h) for s, tree in zip(sampling, trees, strict=True)
                 for h in tree.row_histories()]  # fmt: skip
         t = sampling_tensors(rows, logits.shape[-1], logits.device)

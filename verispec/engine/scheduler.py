@@ -6,14 +6,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from verispec.api.outputs import TokenLogprobs
+from verispec.engine.drafter import DrafterPrefix
 from verispec.engine.prefill_pace import PrefillPace
 from verispec.engine.request import Request, Status, decodes
-from verispec.engine.stats import SpecStats
-from verispec.kv import CacheExhaustedError, DrafterPrefix, PrefixCache
+from verispec.engine.step_drafts import StepDrafts
+from verispec.kv import CacheExhaustedError, PrefixCache
 from verispec.sample.rejection import Verdict
-from verispec.sample.tree import DraftTree
 from verispec.spec.policy import AdaptiveSpeculation
+from verispec.types.outputs import TokenLogprobs
+from verispec.types.stats import SpecStats
 
 
 @dataclass(slots=True)
@@ -27,11 +28,8 @@ class ScheduledRequest:
     slots: list[int]
     """KV slots of token_ids, then of up to num_draft_slots draft tokens."""
     num_draft_slots: int = 0
-    """Draft tokens this request may verify this step (k, shrunk near its limits)."""
-    draft_token_ids: list[int] = field(default_factory=list)
-    """Filled by the drafter: at most num_draft_slots tokens after token_ids."""
-    draft_tree: DraftTree | None = None
-    """The tree draft_token_ids form (its nodes, in order); None = a chain."""
+    """Draft tokens this request may verify this step (k, shrunk near its limits); the drafts
+    themselves travel apart, as the step's StepDrafts."""
     is_decode: bool = field(init=False)
     """Whether this step decodes the request (engine.request.decodes: its one new token is its
     last, after its computed prompt), fixed when the plan is made, as Schedule.sampling is."""
@@ -45,14 +43,14 @@ class ScheduledRequest:
         return self.start + len(self.token_ids) == self.request.num_tokens
 
 
-def step_kind(scheduled: Sequence[ScheduledRequest]) -> str | None:
+def step_kind(scheduled: Sequence[ScheduledRequest], drafts: StepDrafts) -> str | None:
     """"decode" when every request of a step decodes (ScheduledRequest.is_decode) without
     drafts, "verify" when every one decodes and verifies drafts, else None (a prompt chunk, or a
     mix): the kinds StepTimes.record counts. Example: two requests decoding, one with three
     drafts: None; both with drafts: "verify"; both without: "decode"."""
     if not scheduled or not all(s.is_decode for s in scheduled):
         return None
-    drafted = [bool(s.draft_token_ids) for s in scheduled]
+    drafted = [bool(ids) for ids in drafts.token_ids]
     return "verify" if all(drafted) else None if any(drafted) else "decode"
 
 
@@ -67,12 +65,16 @@ class Schedule:
     """Tokens of long prefills in this step (PrefillPace measures steps with and without)."""
     alone: bool = False
     """Whether long prefills ran with nothing else (the pace caps such a step's time)."""
+    sampled: list[int] = field(init=False)
+    """Indices in scheduled of the requests that receive tokens this step (rows of the
+    verdict), fixed when the plan is made: once tokens are appended a chunk no longer reaches
+    the end."""
     sampling: list[ScheduledRequest] = field(init=False)
-    """The scheduled requests that receive tokens this step (rows of the verdict), fixed when
-    the plan is made: once tokens are appended a chunk no longer reaches the end."""
+    """Those requests themselves, in the same order."""
 
     def __post_init__(self) -> None:
-        self.sampling = [s for s in self.scheduled if s.samples]
+        self.sampled = [i for i, s in enumerate(self.scheduled) if s.samples]
+        self.sampling = [self.scheduled[i] for i in self.sampled]
 
 
 class Scheduler:
@@ -211,6 +213,7 @@ class Scheduler:
     def update(
         self,
         plan: Schedule,
+        drafts: StepDrafts,
         verdict: Verdict,
         decode: Callable[[list[int]], str],
         totals: SpecStats,
@@ -225,14 +228,15 @@ class Scheduler:
             if not s.samples:  # a prefill chunk short of the end: its full blocks are done
                 self._index(s.request)
         finished = []
-        for i, (s, tokens, accepted) in enumerate(
-            zip(plan.sampling, verdict.token_ids, verdict.num_accepted, strict=True)
-        ):
+        for i, (s, ids, tokens, accepted) in enumerate(zip(
+            plan.sampling, drafts.rows(plan.sampled), verdict.token_ids, verdict.num_accepted,
+            strict=True,
+        )):  # fmt: skip
             request = s.request
             request.num_computed_tokens += accepted
             request.block_table.truncate(request.num_computed_tokens)
-            request.spec_stats.record(len(s.draft_token_ids), accepted)
-            totals.record(len(s.draft_token_ids), accepted)
+            request.spec_stats.record(len(ids), accepted)
+            totals.record(len(ids), accepted)
             request.append_tokens(tokens, decode, logprobs[i] if logprobs else None)
             self._index(request)
             if request.finished:

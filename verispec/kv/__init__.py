@@ -2,13 +2,11 @@
 
 from verispec.kv.block_allocator import BlockAllocator, CacheExhaustedError
 from verispec.kv.block_table import BlockTable
-from verispec.kv.prefix_cache import CachesPrefixes, DrafterPrefix, PrefixCache
+from verispec.kv.prefix_cache import PrefixCache
 
 __all__ = [
     "BlockAllocator",
     "BlockTable",
     "CacheExhaustedError",
-    "CachesPrefixes",
-    "DrafterPrefix",
     "PrefixCache",
 ]

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from verispec.kv.block_allocator import BlockAllocator
 from verispec.kv.block_table import BlockTable
 
-__all__ = ["STOP", "CachesPrefixes", "DrafterPrefix", "PrefixCache"]
+__all__ = ["STOP", "PrefixCache"]
 
 Key = tuple[int, tuple[int, ...]]
 STOP = -1
@@ -128,29 +127,3 @@ class PrefixCache:
         for child in self._children.pop(block, set()):  # unowned too: an owner would own block
             self._forget(child)
             self.allocator.uncache(child)
-
-
-@runtime_checkable
-class CachesPrefixes(Protocol):
-    """A drafter with a KV cache of its own that can index it too (a draft model: its blocks
-    depend on tokens alone, so it matches its own cache whenever it starts a request)."""
-
-    def enable_prefix_caching(self) -> None:
-        """Start indexing the drafter's computed blocks."""
-        ...
-
-
-@runtime_checkable
-class DrafterPrefix(CachesPrefixes, Protocol):
-    """A drafter whose own KV cache covers every position from the target's features (an EAGLE
-    head): a target prefix hit reuses only as many blocks as the drafter also has, so the
-    drafter starts where the target starts."""
-
-    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
-        """Leading full blocks of token_ids the drafter's cache holds (taking nothing)."""
-        ...
-
-    def adopt_prefix(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> None:
-        """Start the request's drafter state with its first num_blocks cached blocks (at most
-        cached_prefix_blocks, asked within the same scheduling pass)."""
-        ...

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import llguidance
 import torch
 
-from verispec.api.sampling_params import StructuredOutputsParams
+from verispec.types.sampling_params import StructuredOutputsParams
 
 JSON_FORMAT: dict[str, Any] = {"item_separator": ", ", "key_separator": ": ",
                                "whitespace_flexible": False}  # fmt: skip

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from verispec.api.sampling_params import SamplingParams
+from verispec.types.sampling_params import SamplingParams
 
 # float32 probabilities and their sums are off by a few ulps, so the inclusive boundaries of
 # top-p ("mass >= top_p") and min-p ("p >= min_p * max p") get this slack: probs

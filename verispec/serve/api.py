@@ -22,9 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
-from verispec.api.chat import require_chat_template
-from verispec.api.outputs import RequestOutput
-from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import DeltaMaker
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.errors import FIELD_NAMES, APIError, add_error_handlers
@@ -38,6 +35,9 @@ from verispec.serve.state import ServerState
 from verispec.serve.structured import requested_constraint
 from verispec.serve.template_workers import TemplateWorkers
 from verispec.serve.tools import OutputPlan
+from verispec.types.chat import require_chat_template
+from verispec.types.outputs import RequestOutput
+from verispec.types.sampling_params import SamplingParams
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that gives none (OpenAI's default)."""

@@ -18,11 +18,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from verispec.api.sampling_params import SamplingParams
 from verispec.api.stream import ProgressTracker, StepNews
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
 from verispec.serve.metrics import ServerMetrics
+from verispec.types.sampling_params import SamplingParams
 
 Command = Callable[[], None]
 

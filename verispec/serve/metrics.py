@@ -15,7 +15,7 @@ from prometheus_client import (
 from verispec.api.stream import StepNews
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
-from verispec.engine.stats import SpecStats
+from verispec.types.stats import SpecStats
 
 PREFIX = "verispec:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,

@@ -10,9 +10,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from verispec.api.outputs import RequestOutput, StreamDelta, TokenLogprobs
-from verispec.api.sampling_params import SamplingParams
-from verispec.engine.stats import SpecStats
 from verispec.serve.responses import (
     AssistantMessage,
     ChatChoice,
@@ -34,6 +31,9 @@ from verispec.serve.responses import (
     Usage,
 )
 from verispec.serve.tool_calls import ParsedCall, ToolCallParser, parse_tool_calls
+from verispec.types.outputs import RequestOutput, StreamDelta, TokenLogprobs
+from verispec.types.sampling_params import SamplingParams
+from verispec.types.stats import SpecStats
 
 SSE_DONE = "data: [DONE]\n\n"
 """The event that ends a stream."""

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
-from verispec.api.chat import render_chat
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
 from verispec.serve.state import ServerState
@@ -26,6 +25,7 @@ from verispec.serve.templates import (
     text_bytes,
 )
 from verispec.serve.tools import OutputPlan, plan_output
+from verispec.types.chat import render_chat
 
 T = TypeVar("T")
 

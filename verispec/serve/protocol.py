@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from verispec.api.sampling_params import SamplingParams
+from verispec.types.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's limit)."""

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from verispec.api.sampling_params import StructuredOutputsParams
 from verispec.sample.grammar import grammar_text, language_is_empty
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputsField
+from verispec.types.sampling_params import StructuredOutputsParams
 
 CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "structured_outputs")  # fmt: skip

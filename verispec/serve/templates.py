@@ -1,7 +1,7 @@
 """A chat request's template variables and rendered prompt, within bounds.
 
 `chat_template_kwargs` holds JSON values only (no NaN), nested at most MAX_KWARGS_DEPTH deep and
-MAX_KWARGS_CHARS long as JSON, and no name the template call reserves (verispec/api/chat.py):
+MAX_KWARGS_CHARS long as JSON, and no name the template call reserves (verispec/types/chat.py):
 `chat_template` only on a server started with `--trust-request-chat-template`. The rendered
 prompt may have at most ServerLimits.prompt_bytes(max_model_len) bytes, checked before it is
 tokenized; a request's own template renders in a worker process (serve/template_workers.py),
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from verispec.api.chat import TemplateKwargsError, check_template_kwargs
 from verispec.serve.errors import APIError
 from verispec.serve.template_workers import TemplateTimeout, TemplateWorkers, WorkersBusy
+from verispec.types.chat import TemplateKwargsError, check_template_kwargs
 
 MAX_KWARGS_DEPTH = 16
 """How deep chat_template_kwargs' values may nest (a top-level value is depth 1)."""

@@ -10,12 +10,12 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from verispec.api.sampling_params import SamplingParams, StructuredOutputsParams
 from verispec.sample.grammar import JSON_FORMAT
 from verispec.serve.errors import APIError
 from verispec.serve.protocol import ChatCompletionRequest, FunctionDefinition
 from verispec.serve.structured import check_constraint
 from verispec.serve.tool_calls import CLOSE, OPEN
+from verispec.types.sampling_params import SamplingParams, StructuredOutputsParams
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 """The arguments of a function that gives no parameters schema."""

@@ -5,7 +5,8 @@ the server's flags, bench settings) turned into one fully resolved SpecConfig.
 Fully resolved: the method's options checked and their defaults filled (drafters/registry.py,
 check_spec), a missing draft or head filled with the named model's own, and a draft's "auto"
 quantization decided for where it runs. Resolving a resolved configuration again (on the same
-runtime) returns it unchanged, so the CLI, LLM and the engine may each resolve.
+runtime) returns it unchanged, so the CLI and LLM may each resolve; the engine takes only the
+result (and its drafter's builder) from LLM.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import torch
 from tqdm import tqdm
 
 from verispec.api.llm import LLM
-from verispec.api.sampling_params import SamplingParams
 from verispec.models.paged import PagedModel, append_chunk
+from verispec.types.sampling_params import SamplingParams
 
 Example = tuple[list[int], list[int]]
 """(prompt token ids, response token ids) of one conversation."""

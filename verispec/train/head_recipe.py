@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from verispec.api.llm import LLM
-from verispec.api.sampling_params import SamplingParams
+from verispec.data.corpus import corpus_files
 from verispec.drafters.registry import HEAD_METHOD, head_method_names, method
 from verispec.models.config import ModelConfig
 from verispec.models.eagle import EagleConfig, save_eagle_head
@@ -38,7 +38,6 @@ from verispec.models.paged import PagedModel
 from verispec.models.speculators import SpeculatorsMeta
 from verispec.models.weights.loader import load_model, resolve_device, resolve_model_path
 from verispec.tokenizer import Tokenizer
-from verispec.train.corpus import corpus_files
 from verispec.train.distill import (
     extract_features,
     generate_responses,
@@ -51,6 +50,7 @@ from verispec.train.instructions import chat_instructions, chat_prompt_ids
 from verispec.train.medusa import TrainableMedusa, medusa_loss
 from verispec.train.prompts import build_prompts
 from verispec.train.trainer import LossFn, TrainConfig, load_trained, to_device, train
+from verispec.types.sampling_params import SamplingParams
 
 HEAD_STAGES = ("data", "train", "export")
 HEAD_FORMATS = ("eagle3", "speculators")

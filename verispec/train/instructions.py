@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
-from verispec.api.chat import chat_prompt
+from verispec.types.chat import chat_prompt
 
 SPLITS = ("train", "heldout")
 NUM_HELDOUT = 64

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         PreTrainedTokenizerBase,
     )
 
-from verispec.train.corpus import corpus_files, read_texts, tokenize_files
+from verispec.data.corpus import corpus_files, read_texts, tokenize_files
 from verispec.train.prompts import build_prompts, spread
 from verispec.train.tokenizer import save_tokenizer, train_bpe_tokenizer
 from verispec.train.trainer import (
@@ -287,7 +287,7 @@ def evaluate_pair(
     from transformers import AutoModelForCausalLM
 
     from verispec import LLM, SamplingParams, SpecConfig
-    from verispec.engine.stats import SpecStats
+    from verispec.types.stats import SpecStats
 
     report: dict[str, Any] = {}
     for name, path in (("target", target), ("draft", draft)):

@@ -17,8 +17,8 @@ from benchmarks.lib.replay import (
     replay,
 )
 from verispec import SpecConfig
-from verispec.drafters.proposer import Proposer
 from verispec.drafters.registry import make_model_free_proposer
+from verispec.engine.drafter import Proposer
 from verispec.sample.tree import DraftTree
 
 

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.helpers.harness import BACKENDS, Runner, hf_logits, native_model
 from verispec import LLM, SamplingParams, SpecConfig
+from verispec.data.corpus import corpus_files
 from verispec.models.catalog.default import EMBEDDED_DIR, embedded_model_path
 from verispec.spec.policy import explore_interval
-from verispec.train.corpus import corpus_files
 from verispec.train.prompts import code_completion_prompts, spread
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits

@@ -36,18 +36,6 @@ products run in integers (AVX-512 VNNI, AVX-VNNI or AVX2: a draft need not be ex
 steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
 
 
-DRAFT_FLAG_VALUES = (AUTO_DRAFT, "none", *QUANTIZATIONS)
-"""The values of the CLI's --draft-quantization (generate, chat, serve, verify and bench)."""
-FLAG_VALUES = (AUTO_NUMERICS, "none", *QUANTIZATIONS)
-"""The values of the CLI's --quantization: "none" is exact float inputs (None)."""
-
-
-def from_draft_flag(value: str) -> str | None:
-    """SpecConfig.quantization for a --draft-quantization (or --quantization) value: "none" (as
-    stored, exact float inputs) is None."""
-    return None if value == "none" else value
-
-
 def draft_quantization(
     requested: str | None, backend: str, device: torch.device, dtype: torch.dtype, compile: bool,
     rounding: str = "w8a8",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from verispec.engine.stats import SpecStats
+from verispec.types.stats import SpecStats
 
 FinishReason = Literal["stop", "length"]
 

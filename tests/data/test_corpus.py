@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from verispec.train.corpus import (
+from verispec.data.corpus import (
     HELDOUT_MODULES,
     corpus_files,
     is_heldout,

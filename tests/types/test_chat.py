@@ -1,4 +1,4 @@
-"""Chat input checks and chat-template application (verispec/api/chat.py), and LLM.chat on a tiny
+"""Chat input checks and chat-template application (verispec/types/chat.py), and LLM.chat on a tiny
 checkpoint whose tokenizer has a chat template."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tests.helpers.chat import CONVERSATION, make_chat_checkpoint
 from verispec import LLM, SamplingParams
-from verispec.api.chat import (
+from verispec.types.chat import (
     RESERVED_TEMPLATE_NAMES,
     ROLES,
     as_conversations,

@@ -138,7 +138,7 @@ def check_template_kwargs(
     {'enable_thinking': False}
     >>> check_template_kwargs({"tokenize": True})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    verispec.api.chat.TemplateKwargsError: chat_template_kwargs must not set 'tokenize': ...
+    verispec.types.chat.TemplateKwargsError: chat_template_kwargs must not set 'tokenize': ...
     """
     if template_kwargs is not None and not isinstance(template_kwargs, Mapping):
         raise ValueError(

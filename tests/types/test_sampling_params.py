@@ -2,7 +2,7 @@
 
 import pytest
 
-from verispec.api.sampling_params import SamplingParams
+from verispec.types.sampling_params import SamplingParams
 
 
 def test_defaults_match_vllm() -> None:

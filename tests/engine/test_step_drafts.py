@@ -1,0 +1,37 @@
+"""StepDrafts: a proposer's drafts placed at their chunks of the plan, and trimmed to a grammar
+only where the drafts are deterministic chains."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from verispec.engine.drafter import Drafts
+from verispec.engine.step_drafts import StepDrafts, trim_to_grammar
+from verispec.sample.tree import DraftTree
+
+
+def test_drafts_are_placed_at_their_chunks() -> None:
+    drafts = Drafts([[7, 8], [9]], None)
+    placed = StepDrafts.placed(4, [1, 3], drafts, drafts.token_ids)
+    assert placed.token_ids == [[], [7, 8], [], [9]]
+    assert placed.trees == [None] * 4 and placed.probs is None and not placed.has_trees
+    assert placed.rows([1, 2]) == [[7, 8], []]
+    tree = DraftTree([5, 6], [-1, -1])
+    q = torch.zeros(2, 3)
+    with_tree = StepDrafts.placed(2, [0], Drafts([[5, 6]], q, [tree]), [[5, 6]])
+    assert with_tree.trees == [tree, None] and with_tree.has_trees and with_tree.probs is q
+    assert with_tree.tree_rows([0, 1]) == [tree, None]
+    assert StepDrafts.none(2) == StepDrafts([[], []], [None, None])
+
+
+def test_only_deterministic_chains_are_trimmed_to_a_grammar() -> None:
+    grammar = SimpleNamespace(valid_prefix=lambda ids: 1)  # accepts one token of any drafts
+    constrained, free = SimpleNamespace(grammar=grammar), SimpleNamespace(grammar=None)
+    chains = Drafts([[1, 2, 3], [4, 5]], None)
+    assert trim_to_grammar([constrained, free], chains) == [[1], [4, 5]]  # type: ignore[list-item]
+    sampled = Drafts([[1, 2, 3]], torch.zeros(3, 8))
+    assert trim_to_grammar([constrained], sampled) == [[1, 2, 3]]  # type: ignore[list-item]
+    tree = Drafts([[1, 2]], None, [DraftTree([1, 2], [-1, -1])])
+    assert trim_to_grammar([constrained], tree) == [[1, 2]]  # type: ignore[list-item]

@@ -1,0 +1,2 @@
+"""The ground floor: plain types every layer may import (SamplingParams, the outputs of a
+request, the acceptance counters, chat messages); they import nothing else of verispec."""
