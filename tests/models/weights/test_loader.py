@@ -243,3 +243,23 @@ def test_auto_numerics_are_a8_for_quantized_gguf_files_only(
     assert llm.engine.config.quantization is None
     assert numerics_name(None) == "exact float inputs"
     assert numerics_name("a8").startswith("a8")
+
+
+def test_the_default_numerics_are_a8_for_a_k_quant_file_and_exact_for_a_checkpoint(
+    tmp_path: Path, tokenizer, write_gguf
+) -> None:
+    """With no quantization given, a GGUF file of K-quant blocks runs a8 on the CPU (where the
+    native kernel runs) and a safetensors checkpoint of the same model exact float inputs; the
+    engine's config, and so `--json` settings and the start line, hold what ran."""
+    from verispec.config import EngineConfig
+    from verispec.models.kernels.backends import native_usable
+
+    assert EngineConfig().quantization == "auto"
+    source = make_checkpoint(tmp_path / "hf", "llama", tokenizer, hidden_size=256,
+                             intermediate_size=512)  # fmt: skip
+    path = tmp_path / "model.gguf"
+    write_gguf(path, source, tokenizer, "Q4_K")
+    k_quant = LLM(model=str(path), speculative=None, max_model_len=64)
+    assert k_quant.engine.config.quantization == ("a8" if native_usable() else None)
+    checkpoint = LLM(model=str(tmp_path / "hf"), speculative=None, max_model_len=64)
+    assert checkpoint.engine.config.quantization is None
