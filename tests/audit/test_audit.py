@@ -43,7 +43,7 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(path, ({"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)))
 
 
-def verify(pair: tuple[Path, Path], prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+def audit(pair: tuple[Path, Path], prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
     """Run `verispec verify` on the pair (draft_model, k = 3); exit status and JSON report."""
     out = tmp_path / "report.json"
     code = main(["verify", "--model", str(pair[0]), "--draft", str(pair[1]), "--k", "3",
@@ -57,7 +57,7 @@ def _accept_all(ok: torch.Tensor, counts: list[int]) -> torch.Tensor:
 
 
 def test_greedy_exact_in_batch_invariant_mode(far_pair, prompts_file, tmp_path, capsys) -> None:
-    code, report = verify(far_pair, prompts_file, tmp_path, "--batch-invariant",
+    code, report = audit(far_pair, prompts_file, tmp_path, "--batch-invariant",
                           "--max-tokens", "24")  # fmt: skip
     assert code == 0, capsys.readouterr().out
     assert report["verdict"] == "exact" and report["exit_code"] == 0
@@ -72,7 +72,7 @@ def test_greedy_catches_a_verifier_that_accepts_every_draft(
     far_pair, prompts_file, tmp_path, capsys, monkeypatch
 ) -> None:
     monkeypatch.setattr(runner, "verify_greedy", accept_every_greedy_draft)
-    code, report = verify(far_pair, prompts_file, tmp_path, "--max-tokens", "24")
+    code, report = audit(far_pair, prompts_file, tmp_path, "--max-tokens", "24")
     assert code == 1
     assert report["verdict"] == "not exact"
     differs = [p for p in report["greedy"] if p["result"] == DIFFERS]
@@ -83,7 +83,7 @@ def test_greedy_catches_a_verifier_that_accepts_every_draft(
 
 
 def test_sampling_exact(far_pair, prompts_file, tmp_path, capsys) -> None:
-    code, report = verify(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
+    code, report = audit(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
                           "--top-k", "20", "--num-prompts", "2", "--samples", "800")  # fmt: skip
     assert code == 0, capsys.readouterr().out
     assert report["mode"] == "sampling" and len(report["sampling"]) == 2
@@ -105,7 +105,7 @@ def test_sampling_catches_a_verifier_that_emits_the_drafts(
         monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
     else:
         monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
-    code, report = verify(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
+    code, report = audit(far_pair, prompts_file, tmp_path, "--temperature", "1.0",
                           "--num-prompts", "2", "--samples", "800")  # fmt: skip
     assert code == 1 and report["verdict"] == "not exact"
     assert all(not p["passed"] and p["p_value"] < 1e-6 for p in report["sampling"])

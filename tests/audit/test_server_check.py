@@ -34,8 +34,9 @@ MESSAGES = [[{"role": "user", "content": "def add(a, b):"}],
 @pytest.fixture(scope="module")
 def sharp_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
     """(target, draft): a tiny chat Llama with about 2 nats of next-token entropy (its output
-    layer scaled by test_verify.HEAD_SCALE) and a copy with 0.2 std of noise per matrix: q far from
-    p that 320 samples a side tell a verifier emitting q apart (measured p ~ 1e-51)."""
+    layer scaled by tests.helpers.audit.HEAD_SCALE) and a copy with 0.2 std of noise per
+    matrix: q so far from p that 320 samples a side tell a verifier emitting q apart (measured
+    p ~ 1e-51)."""
     return make_sharp_pair(tmp_path_factory, "verify-serve", with_chat_template(tokenizer), 0.2)
 
 
@@ -61,7 +62,7 @@ def text_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(path, [{"prompt": "class Point:"}])
 
 
-def verify(server: Server, prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+def audit(server: Server, prompts: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
     out = tmp_path / "report.json"
     code = main(["verify", "--server", server.url, "--prompts", str(prompts),
                  "--json", str(out), *extra])  # fmt: skip
@@ -90,7 +91,7 @@ def test_speculative_must_be_a_json_bool(server: Server, value: object) -> None:
 
 @pytest.mark.parametrize("prompts", ["chat_prompts", "text_prompts"])
 def test_greedy_exact_through_the_server(server, prompts, tmp_path, request, capsys) -> None:
-    code, report = verify(server, request.getfixturevalue(prompts), tmp_path, "--batch-invariant",
+    code, report = audit(server, request.getfixturevalue(prompts), tmp_path, "--batch-invariant",
                           "--max-tokens", "24")  # fmt: skip
     assert code == 0, capsys.readouterr().out
     assert report["verdict"] == "exact" and report["draft_tokens"] > 0
@@ -105,14 +106,14 @@ def test_greedy_through_the_server_catches_a_broken_verifier(
     server, chat_prompts, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setattr(runner, "verify_greedy", accept_every_greedy_draft)  # the server's too
-    code, report = verify(server, chat_prompts, tmp_path, "--max-tokens", "24")
+    code, report = audit(server, chat_prompts, tmp_path, "--max-tokens", "24")
     assert code == 1 and report["verdict"] == "not exact"
     assert any(p["result"] == "differs" for p in report["greedy"])
 
 
 def test_sampling_through_the_server(server, chat_prompts, tmp_path, capsys) -> None:
     """Speculative samples against samples with speculation off (two-sample chi-square)."""
-    code, report = verify(server, chat_prompts, tmp_path, "--temperature", "1.0",
+    code, report = audit(server, chat_prompts, tmp_path, "--temperature", "1.0",
                           "--samples", "320", "--num-prompts", "1")  # fmt: skip
     assert code == 0, capsys.readouterr().out
     (p,) = report["sampling"]
@@ -127,7 +128,7 @@ def test_sampling_through_the_server_catches_a_broken_verifier(
     """Both verifiers broken: the audit's requests are seeded, so they verify by coupling."""
     monkeypatch.setattr(rejection, "_accepted_prefix", _accept_all)
     monkeypatch.setattr(rejection, "_keep_matching", keep_every_draft)
-    code, report = verify(server, chat_prompts, tmp_path, "--temperature", "1.0",
+    code, report = audit(server, chat_prompts, tmp_path, "--temperature", "1.0",
                           "--samples", "320", "--num-prompts", "1")  # fmt: skip
     assert code == 1
     assert report["sampling"][0]["p_value"] < 1e-6
@@ -136,7 +137,7 @@ def test_sampling_through_the_server_catches_a_broken_verifier(
 def test_a_server_without_speculation_is_inconclusive(sharp_pair, chat_prompts, tmp_path) -> None:
     llm = LLM(model=str(sharp_pair[0]), speculative=None)
     with Server(llm.engine, port=0) as plain:
-        code, report = verify(plain, chat_prompts, tmp_path, "--max-tokens", "8")
+        code, report = audit(plain, chat_prompts, tmp_path, "--max-tokens", "8")
     assert code == 1 and report["verdict"] == "inconclusive" and report["draft_tokens"] == 0
 
 

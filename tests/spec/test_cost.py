@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from verispec.spec import cost
 from verispec.spec.cost import (
-    StepCostModel,
+    RelativeStepCost,
     alpha_from_length,
     expected_accepted,
     predicted_speedup,
@@ -40,7 +40,7 @@ def test_one_geometric_model(a: float, k: int) -> None:
 
 
 def test_step_cost_model() -> None:
-    model = StepCostModel(fixed=0.2, num_layers=10, verify_per_token=0.1)
+    model = RelativeStepCost(fixed=0.2, num_layers=10, verify_per_token=0.1)
     # all layers kept, every draft accepted at k = 1: 2 tokens for 1 + 1.1 steps
     assert model.speedup(1.0, 1, 10) == pytest.approx(2 / 2.1)
     # half the layers: a draft step costs 0.6; k = 2 with 1.5 accepted: 2.5 / (1.2 + 1.2)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
 from verispec.spec import policy
-from verispec.spec.cost import StepCost, expected_accepted
+from verispec.spec.cost import MeasuredStepCost, expected_accepted
 from verispec.spec.policy import AdaptiveSpeculation, choose_num_drafts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,7 +45,7 @@ def test_the_choice_is_at_least_as_good_as_any_common_depth(alphas, per_token, p
 def test_drafts_pay_for_one_request_and_not_for_a_full_batch() -> None:
     """A bandwidth-bound target (a step costs about the same for 1 or 8 tokens) rewards drafts
     for one request; once the batch makes the forward compute-bound, drafts only add work."""
-    cost = StepCost(target={1: 0.010, 8: 0.011, 32: 0.040, 64: 0.080, 160: 0.200},
+    cost = MeasuredStepCost(target={1: 0.010, 8: 0.011, 32: 0.040, 64: 0.080, 160: 0.200},
                     draft={4: 0.002})  # fmt: skip
     policy = AdaptiveSpeculation(4, cost=cost)
     for _ in range(20):  # requests whose drafts are mostly accepted
@@ -62,13 +62,13 @@ def test_a_lone_request_drafts_nothing_where_the_measured_costs_say_drafts_lose(
     """Drafts accepted 70% of the time still lose for one request when each draft costs 0.6
     of a target step and a verify grows with its tokens (a draft model nearly the target's
     size): the policy drafts nothing, whatever the depth it may take."""
-    cost = StepCost(target={1: 0.010, 2: 0.014, 3: 0.018, 5: 0.026, 9: 0.042},
+    cost = MeasuredStepCost(target={1: 0.010, 2: 0.014, 3: 0.018, 5: 0.026, 9: 0.042},
                     draft={d: 0.006 * d for d in range(1, 9)})  # fmt: skip
     policy = AdaptiveSpeculation(8, cost=cost)
     for _ in range(20):
         policy.observe_request("a", 8, 5)
     assert policy.choose(["a"], 1) == [0]
-    cheap = StepCost(target=cost.target, draft={d: 0.0005 * d for d in range(1, 9)})
+    cheap = MeasuredStepCost(target=cost.target, draft={d: 0.0005 * d for d in range(1, 9)})
     policy = AdaptiveSpeculation(8, cost=cheap)  # the same acceptance with a cheap draft pays
     for _ in range(20):
         policy.observe_request("a", 8, 5)
@@ -76,7 +76,7 @@ def test_a_lone_request_drafts_nothing_where_the_measured_costs_say_drafts_lose(
 
 
 def test_requests_that_never_accept_stop_drafting_others_go_on() -> None:
-    cost = StepCost(target={1: 0.010, 2: 0.011, 4: 0.013, 8: 0.017}, draft={2: 0.001})
+    cost = MeasuredStepCost(target={1: 0.010, 2: 0.011, 4: 0.013, 8: 0.017}, draft={2: 0.001})
     policy = AdaptiveSpeculation(2, cost=cost)
     for _ in range(30):
         policy.observe_request("good", 2, 2)
@@ -85,7 +85,7 @@ def test_requests_that_never_accept_stop_drafting_others_go_on() -> None:
 
 
 def test_exploration_keeps_estimates_fresh() -> None:
-    cost = StepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={1: 0.2, 15: 0.2})
+    cost = MeasuredStepCost(target={1: 0.01, 16: 0.011, 300: 0.5}, draft={1: 0.2, 15: 0.2})
     policy = AdaptiveSpeculation(15, cost=cost)
     choices = [policy.choose(["t"], 1) for _ in range(32)]
     assert choices[:15] == [[0]] * 15  # drafting costs 0.2 s for at most 15 tokens: off
@@ -101,7 +101,7 @@ def test_drafting_steps_slower_than_predicted_turn_drafts_off() -> None:
     """Drafts that pay on the model's prediction but make steps slower than predicted (here a
     head catching up on one step in three, which the median draft time leaves out) stop once
     the engine has seen it, and the curve never says more tokens cost less."""
-    cost = StepCost(profile={8: 0.10, 16: 0.11}, draft={1: 0.005})
+    cost = MeasuredStepCost(profile={8: 0.10, 16: 0.11}, draft={1: 0.005})
     policy = AdaptiveSpeculation(1, cost=cost)
     busy = [f"r{i}" for i in range(8)]
     for r in busy:
@@ -114,7 +114,7 @@ def test_drafting_steps_slower_than_predicted_turn_drafts_off() -> None:
         cost.observe(16, 1, 0.11, draft_s)  # on average 12 tokens for 0.153 s: no better
     assert cost.drafting_factor() > 1.3
     assert policy.choose(busy, 8) == [0] * 8
-    noisy = StepCost(profile={8: 0.10, 16: 0.11})
+    noisy = MeasuredStepCost(profile={8: 0.10, 16: 0.11})
     for _ in range(3):
         noisy.observe(8, 0, 0.2, 0.0)  # a slow patch at 8 tokens
     assert noisy.seconds(16, 0) >= noisy.seconds(8, 0)
@@ -124,8 +124,9 @@ def test_a_tree_budget_is_chosen_like_a_chain_depth() -> None:
     """Tree steps accepting m of their nodes (never all: a tree is wider than deep) read as a
     chain accepting m / (m + 1) per token: where verify rows are dear a small budget wins, where
     they are nearly free a large one does."""
-    dear = StepCost(target={1: 0.010, 3: 0.012, 15: 0.030}, draft={d: 0.001 for d in range(15)})
-    cheap = StepCost(target={1: 0.010, 15: 0.0105}, draft={d: 0.001 for d in range(15)})
+    draft = {d: 0.001 for d in range(15)}
+    dear = MeasuredStepCost(target={1: 0.010, 3: 0.012, 15: 0.030}, draft=draft)
+    cheap = MeasuredStepCost(target={1: 0.010, 15: 0.0105}, draft=draft)
     for cost, want in ((dear, range(1, 8)), (cheap, range(8, 15))):
         policy = AdaptiveSpeculation(14, cost=cost)
         for _ in range(20):
@@ -135,7 +136,7 @@ def test_a_tree_budget_is_chosen_like_a_chain_depth() -> None:
 
 def test_the_cost_model_takes_the_median_of_recent_steps() -> None:
     """One step slowed by something else on the machine does not move the estimate."""
-    cost = StepCost(profile={1: 0.01, 16: 0.02})
+    cost = MeasuredStepCost(profile={1: 0.01, 16: 0.02})
     for t in (0.010, 0.011, 0.5, 0.012, 0.010):
         cost.observe(1, 0, t, 0.0)
     assert cost.target[1] == pytest.approx(0.011)
@@ -150,7 +151,7 @@ def test_the_cost_model_takes_the_median_of_recent_steps() -> None:
 def test_busy_steps_scale_the_profile_near_them() -> None:
     """Steps of many sequences cost more per extra token than the one-sequence profile says:
     the ratio measured near 32 tokens scales the profile there, not the one measured at 16."""
-    cost = StepCost(profile={1: 0.01, 16: 0.02, 32: 0.025, 64: 0.04})
+    cost = MeasuredStepCost(profile={1: 0.01, 16: 0.02, 32: 0.025, 64: 0.04})
     for _ in range(3):
         cost.observe(16, 0, 0.03, 0.0)  # 1.5x the profile
         cost.observe(40, 0, 0.0575, 0.0)  # 2x the profile at 40 tokens (0.02875)

@@ -14,7 +14,7 @@ from verispec import LLM, SpecConfig
 from verispec.bench.serving import spec_for
 from verispec.cli.main import build_parser, main
 from verispec.cli.options import spec_config
-from verispec.cli.verify import verify_spec
+from verispec.cli.verify import audit_spec
 from verispec.config import EngineConfig
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD
 from verispec.spec import resolve as resolve_module
@@ -32,7 +32,7 @@ def cli(*argv: str) -> Spelling:
 
 def verify(*argv: str) -> Spelling:
     """What `verispec verify` checks (its note aside): the resolved drafter, policy off."""
-    return lambda: verify_spec(build_parser().parse_args(["verify", *argv]))[0]
+    return lambda: audit_spec(build_parser().parse_args(["verify", *argv]))[0]
 
 
 def library(model: str | None, request: object, overrides: dict | None = None) -> Spelling:

@@ -25,7 +25,7 @@ NODES_PER_FORWARD = 64
 
 
 @dataclass(frozen=True)
-class Row:
+class WarpedRow:
     """One position's warped distribution, and how far each excluded token fell short."""
 
     probs: np.ndarray  # [vocab] float64, sums to 1
@@ -35,8 +35,8 @@ class Row:
     token within float rounding of the boundary (gap <= tolerance) is a near tie, not an error."""
 
 
-def row_of(logits: torch.Tensor, probs: torch.Tensor) -> Row:
-    """A Row from one raw logits row [vocab] and its warped probs [vocab].
+def row_of(logits: torch.Tensor, probs: torch.Tensor) -> WarpedRow:
+    """A WarpedRow from one raw logits row [vocab] and its warped probs [vocab].
 
     >>> r = row_of(torch.tensor([3.0, 2.0, 1.0]), torch.tensor([0.6, 0.4, 0.0]))
     >>> r.gap.tolist()
@@ -45,7 +45,7 @@ def row_of(logits: torch.Tensor, probs: torch.Tensor) -> Row:
     kept = probs > 0  # [vocab]
     floor = logits[kept].min()
     gap = torch.where(kept, torch.zeros_like(logits), (floor - logits).clamp(min=0))
-    return Row(probs.double().cpu().numpy(), gap.float().cpu().numpy())
+    return WarpedRow(probs.double().cpu().numpy(), gap.float().cpu().numpy())
 
 
 class TargetProbe:
@@ -65,9 +65,9 @@ class TargetProbe:
         self.first = self._rows(logits, [[]])[0]
         """p(t1): the distribution of the first generated token."""
 
-    def second(self, first_tokens: Sequence[int]) -> dict[int, Row]:
+    def second(self, first_tokens: Sequence[int]) -> dict[int, WarpedRow]:
         """p(t2 | t1) for each t1 in first_tokens: depth-1 tree nodes over the cached prompt."""
-        out: dict[int, Row] = {}
+        out: dict[int, WarpedRow] = {}
         tokens = sorted(set(first_tokens))
         start = len(self.prompt)
         for i in range(0, len(tokens), NODES_PER_FORWARD):
@@ -83,7 +83,7 @@ class TargetProbe:
             out.update(zip(group, self._rows(logits, [[t] for t in group]), strict=True))
         return out
 
-    def _rows(self, logits: torch.Tensor, outputs: list[list[int]]) -> list[Row]:
+    def _rows(self, logits: torch.Tensor, outputs: list[list[int]]) -> list[WarpedRow]:
         """Warp each logits row as the engine warps a request with those outputs so far."""
         n, vocab = logits.shape
         t = SamplingTensors.build([self.params] * n, [self.prompt] * n, outputs, vocab,

@@ -11,12 +11,12 @@ from dataclasses import replace
 import numpy as np
 
 from verispec.api.llm import LLM
-from verispec.audit.distribution import Row, TargetProbe
+from verispec.audit.distribution import TargetProbe, WarpedRow
 from verispec.audit.fit import MIN_EXPECTED, Block, Fit, fit_blocks
 from verispec.audit.report import (
     TOP_LOGPROBS,
     Check,
-    Drafts,
+    DraftCounts,
     GreedyPrompt,
     SamplingPrompt,
     exact_prompt,
@@ -29,7 +29,7 @@ TokenPrompt = tuple[str, list[int]]  # (id, token ids)
 
 def run(
     llm: LLM, prompts: Sequence[TokenPrompt], check: Check
-) -> tuple[list[GreedyPrompt], list[SamplingPrompt], Drafts]:
+) -> tuple[list[GreedyPrompt], list[SamplingPrompt], DraftCounts]:
     """The greedy or the sampling check (as check.params asks) of every prompt."""
     if check.params.greedy:
         greedy, drafts = greedy_check(llm, prompts, check.params.max_tokens, check.tolerance,
@@ -42,7 +42,7 @@ def run(
 
 def greedy_check(
     llm: LLM, prompts: Sequence[TokenPrompt], max_tokens: int, tolerance: float, strict: bool
-) -> tuple[list[GreedyPrompt], Drafts]:
+) -> tuple[list[GreedyPrompt], DraftCounts]:
     """Every prompt decoded greedily with speculation and plainly (with the top logprobs that
     weigh a difference), all in one batch: a plain request gets 0 drafts whatever its batch
     mates, and in the default mode batch mates change rounding either way (the near-tie rule
@@ -54,7 +54,7 @@ def greedy_check(
     spec, plain = outs[: len(ids)], outs[len(ids) :]
     if any(o.metrics.spec.num_draft_tokens for o in plain):
         raise RuntimeError("a request with speculative=False verified drafts")
-    drafts = Drafts()
+    drafts = DraftCounts()
     for o in spec:
         drafts.add(o.metrics.spec.num_draft_tokens, o.metrics.spec.num_accepted_tokens)
     results = []
@@ -66,7 +66,7 @@ def greedy_check(
 
 def draw_first_two(
     llm: LLM, prompt: list[int], params: SamplingParams, n: int, seed: int
-) -> tuple[Counter[tuple[int, int]], int, Drafts]:
+) -> tuple[Counter[tuple[int, int]], int, DraftCounts]:
     """n speculative requests, each stopped once it has its first two tokens: their counts,
     how many second tokens were verified against drafts, and the drafts. Every other request
     is seeded (seed + i: verified by coupling) and the rest draw from the engine's generator
@@ -84,7 +84,7 @@ def draw_first_two(
             if len(r.output_token_ids) >= 2 and not r.finished:
                 engine.abort_request(r)
     counts: Counter[tuple[int, int]] = Counter()
-    drafts = Drafts()
+    drafts = DraftCounts()
     verified = 0
     for r in requests:
         if len(r.output_token_ids) < 2:
@@ -105,12 +105,12 @@ def sampling_check(
     alpha: float,
     tolerance: float,
     strict: bool,
-) -> tuple[list[SamplingPrompt], Drafts]:
+) -> tuple[list[SamplingPrompt], DraftCounts]:
     """Per prompt, the joint of the first two tokens of `samples` speculative requests against
     the target's exact joint p(t1) p(t2 | t1), at alpha / (2 prompts) for each of the
     chi-square and the TV bound (Bonferroni)."""
     threshold = alpha / (2 * len(prompts))
-    results, total = [], Drafts()
+    results, total = [], DraftCounts()
     for i, (pid, ids) in enumerate(prompts):
         counts, verified, drafts = draw_first_two(llm, ids, params, samples, seed + i * samples)
         total.add(drafts.drafted, drafts.accepted)
@@ -147,7 +147,7 @@ def exact_fit(
     return fit_blocks(blocks, max(unresolved, 0.0), delta), near
 
 
-def _near_boundary(first: Row, second: Row, t1: int, t2: int, tolerance: float) -> bool:
+def _near_boundary(first: WarpedRow, second: WarpedRow, t1: int, t2: int, tolerance: float) -> bool:
     """A sample in a removed token whose logit is within tolerance of the kept boundary."""
     if first.probs[t1] == 0:
         return bool(first.gap[t1] <= tolerance)

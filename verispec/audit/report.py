@@ -67,7 +67,7 @@ class Check:
 
 
 @dataclass
-class Drafts:
+class DraftCounts:
     """Draft tokens the speculative requests verified, and how many were accepted."""
 
     drafted: int = 0
@@ -220,7 +220,7 @@ class Report:
     reason: str = ""
 
     def add(
-        self, greedy: list[GreedyPrompt], sampling: list[SamplingPrompt], drafts: Drafts
+        self, greedy: list[GreedyPrompt], sampling: list[SamplingPrompt], drafts: DraftCounts
     ) -> None:
         """Take a check's evidence (audit/local_check.py or server_check.py: run)."""
         self.greedy, self.sampling = greedy, sampling

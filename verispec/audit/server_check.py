@@ -20,7 +20,7 @@ from verispec.audit.fit import compare
 from verispec.audit.report import (
     TOP_LOGPROBS,
     Check,
-    Drafts,
+    DraftCounts,
     GreedyPrompt,
     SamplingPrompt,
     TopLogprobs,
@@ -42,7 +42,7 @@ CONCURRENT_REQUESTS = 4
 
 def run(
     client: ServerClient, prompts: Sequence[BenchPrompt], check: Check
-) -> tuple[list[GreedyPrompt], list[SamplingPrompt], Drafts]:
+) -> tuple[list[GreedyPrompt], list[SamplingPrompt], DraftCounts]:
     """The greedy or the sampling check (as check.params asks) of every prompt; an answer
     without verispec serve's fields is a ServerError."""
     try:
@@ -111,7 +111,7 @@ def greedy_check(
     max_tokens: int,
     tolerance: float,
     strict: bool,
-) -> tuple[list[GreedyPrompt], Drafts]:
+) -> tuple[list[GreedyPrompt], DraftCounts]:
     """Each prompt answered greedily with speculation on and off (EOS ignored, max_tokens
     each); the runs of a prompt are compared token by token."""
     jobs = []
@@ -124,7 +124,7 @@ def greedy_check(
         jobs += [(route, {**body, "speculative": on}) for on in (True, False)]
     with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
         answers = list(pool.map(lambda job: client.post(*job), jobs))
-    results, drafts = [], Drafts()
+    results, drafts = [], DraftCounts()
     for i, prompt in enumerate(prompts):
         on, off = answers[2 * i], answers[2 * i + 1]
         if off["speculation"]["num_draft_tokens"]:
@@ -142,12 +142,12 @@ def greedy_check(
 
 def _sample_request(
     client: ServerClient, route: str, body: dict[str, Any]
-) -> tuple[list[tuple[int, int]], int, Drafts]:
+) -> tuple[list[tuple[int, int]], int, DraftCounts]:
     """One streamed request of n choices, closed once each has two tokens: each choice's first
     two tokens, how many second tokens came from a step that verified drafts, the drafts."""
     n = body["n"]
     tokens: dict[int, list[int]] = {i: [] for i in range(n)}
-    verified, drafts = 0, Drafts()
+    verified, drafts = 0, DraftCounts()
     events = client.stream(route, body)
     try:
         for event in events:
@@ -195,7 +195,7 @@ def sampling_check(
     samples: int,
     seed: int,
     alpha: float,
-) -> tuple[list[SamplingPrompt], Drafts]:
+) -> tuple[list[SamplingPrompt], DraftCounts]:
     """Per prompt, `samples` speculative and `samples` plain draws of the first two tokens
     (disjoint seeds, requests interleaved), compared at alpha / prompts (Bonferroni)."""
     threshold = alpha / len(prompts)
@@ -207,7 +207,7 @@ def sampling_check(
     with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
         answers = list(pool.map(lambda job: _sample_request(client, *job), jobs))
     per_prompt = len(jobs) // len(prompts)
-    results, total = [], Drafts()
+    results, total = [], DraftCounts()
     for i, prompt in enumerate(prompts):
         sides: list[Counter[Hashable]] = [Counter(), Counter()]
         verified = [0, 0]

@@ -83,7 +83,7 @@ class Sampling:
     seed: int = 0  # request i uses seed + i
 
 
-class Engine(Protocol):
+class BenchEngine(Protocol):
     """A loaded engine with one decoding method."""
 
     engine: str  # "verispec", "transformers", ...

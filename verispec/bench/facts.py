@@ -18,7 +18,7 @@ def run_facts(load_before: float) -> dict[str, str]:
 
     return {
         "torch": torch.__version__,
-        "cpu": cpu_model(),
+        "cpu": cpu_description(),
         "load_1min": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
@@ -31,7 +31,7 @@ def print_settings(settings: dict[str, Any]) -> None:
         print(f"{key:>{width}}: {value}")
 
 
-def cpu_model() -> str:
+def cpu_description() -> str:
     """Model name, family/model numbers and vector extensions (the name alone can be vague)."""
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verispec.bench.engines import (
-    Engine,
+    BenchEngine,
     MethodSpec,
     Sampling,
     VerispecEngine,
@@ -39,7 +39,7 @@ from verispec.drafters.registry import takes_draft_model, takes_head
 
 def run_group(
     group: Group,
-    engines: dict[Key, Engine],
+    engines: dict[Key, BenchEngine],
     prompts: list[list[int]],
     sampling: Sampling,
     repeats: int,
@@ -67,14 +67,14 @@ def _in_group(spec: MethodSpec, group: Group) -> bool:
     return spec in group.methods
 
 
-def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[Key, Engine]:
+def load_engines(config: BenchConfig, progress: Callable[[str], None]) -> dict[Key, BenchEngine]:
     """Every engine the plan needs, keyed (engine, configuration); plain and draft-alone
     included. An optional engine that cannot run here is skipped, and an engine runs no
     draft-model method unless it drafts with models and no head method unless it runs heads;
     each with a note through progress, as is a shape a drafter runs shallower than asked."""
     groups = plan_groups(config, home_workloads())
     needed = list(dict.fromkeys(m for g in groups for m in g.methods))
-    engines: dict[Key, Engine] = {}
+    engines: dict[Key, BenchEngine] = {}
     for name in config.engines:
         cls = ENGINES[name]
         missing = OPTIONAL[name]() if name in OPTIONAL else None

@@ -42,7 +42,9 @@ class ServingConfig:
 
 
 @dataclass
-class Row:
+class SweepRow:
+    """One setting at one concurrency of the serving sweep: its latencies, goodput and drafts."""
+
     setting: str
     concurrency: int
     requests: int
@@ -144,13 +146,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _row(setting: str, concurrency: int, results: list[dict], seconds: float,
-         config: ServingConfig) -> Row:  # fmt: skip
+         config: ServingConfig) -> SweepRow:  # fmt: skip
     drafted = sum(r["spec"].get("num_draft_tokens") or 0 for r in results)
     accepted = sum(r["spec"].get("num_accepted_tokens") or 0 for r in results)
     steps = sum(r["spec"].get("num_verify_steps") or 0 for r in results)
     good = sum(r["ttft"] <= config.ttft_slo_s and r["itl"] <= config.itl_slo_s for r in results)
     ttfts, itls = [r["ttft"] for r in results], [r["itl"] for r in results]
-    return Row(
+    return SweepRow(
         setting=setting, concurrency=concurrency, requests=len(results),
         output_tokens=sum(r["tokens"] for r in results), seconds=seconds,
         ttft_p50_s=_percentile(ttfts, 50), ttft_p90_s=_percentile(ttfts, 90),
@@ -160,7 +162,7 @@ def _row(setting: str, concurrency: int, results: list[dict], seconds: float,
     )  # fmt: skip
 
 
-def run_sweep(config: ServingConfig, log: Any = print) -> list[Row]:
+def run_sweep(config: ServingConfig, log: Any = print) -> list[SweepRow]:
     """Every setting at every concurrency, interleaved; rows in (concurrency, setting) order."""
     from verispec import LLM
     from verispec.serve import Server
@@ -178,7 +180,7 @@ def run_sweep(config: ServingConfig, log: Any = print) -> list[Row]:
         model = servers[config.settings[0]].model_name if servers else _served_model(config.url)
         for setting in config.settings:  # warm-up: kernels, and the adaptive policy's estimates
             asyncio.run(_load(urls[setting], model, prompts, 4, 2, 16))
-        rows: list[Row] = []
+        rows: list[SweepRow] = []
         for c in config.concurrency:
             n = config.requests or max(8, 2 * c)
             runs: dict[str, list[tuple[list[dict], float]]] = {s: [] for s in config.settings}
@@ -233,7 +235,7 @@ def _served_model(url: str | None) -> str:
         return json.loads(r.read())["data"][0]["id"]
 
 
-def table(rows: list[Row], config: ServingConfig) -> str:
+def table(rows: list[SweepRow], config: ServingConfig) -> str:
     """The sweep as a text table, with its settings."""
     workload_name = rows[0].extra.get("workload", "chat") if rows else "chat"
     lines = [
@@ -256,7 +258,7 @@ def table(rows: list[Row], config: ServingConfig) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[Row], path: Path) -> Path:
+def plot(rows: list[SweepRow], path: Path) -> Path:
     """Throughput and its ratio to speculation off, against concurrency, one line a setting."""
     import matplotlib
 
@@ -283,6 +285,6 @@ def plot(rows: list[Row], path: Path) -> Path:
     return path
 
 
-def rows_json(rows: list[Row], config: ServingConfig) -> dict[str, Any]:
+def rows_json(rows: list[SweepRow], config: ServingConfig) -> dict[str, Any]:
     return {"settings": asdict(config),
             "rows": [{**asdict(r), "throughput": r.throughput} for r in rows]}  # fmt: skip

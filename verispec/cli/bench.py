@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.engines import HEAD_METHODS, PREFIX_CACHING, parse_tree_shape
-from verispec.bench.facts import cpu_model
+from verispec.bench.facts import cpu_description
 from verispec.bench.harness import run_bench
 from verispec.bench.hf_engine import hf_location
 from verispec.bench.plan import ENGINES, BenchConfig, chain_methods
@@ -174,7 +174,7 @@ def settings(config: BenchConfig) -> dict[str, Any]:
     return {
         **fields,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
+        "cpu": cpu_description(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -13,13 +13,13 @@ from verispec.cli.generate import add_generate_parser, run_generate
 from verispec.cli.pull import add_pull_parser, run_pull
 from verispec.cli.serve import add_serve_parser, run_serve
 from verispec.cli.train import add_train_parser, run_train
-from verispec.cli.verify import add_verify_parser, run_verify
+from verispec.cli.verify import add_audit_parser, run_audit
 
 EXIT_BAD_INPUT = 2
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": run_train, "bench": run_benchmark, "generate": run_generate, "chat": run_chat,
-    "pull": run_pull, "serve": run_serve, "verify": run_verify,
+    "pull": run_pull, "serve": run_serve, "verify": run_audit,
 }  # fmt: skip
 """Each subcommand's run: its parsed options -> the exit status."""
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_train_parser(sub)
     add_bench_parser(sub)
-    add_verify_parser(sub)
+    add_audit_parser(sub)
     return parser
 
 

@@ -55,17 +55,17 @@ policy only chooses how many drafts each step verifies, and every k is verified 
 """
 
 
-def add_verify_parser(sub: argparse._SubParsersAction) -> None:
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     """The `verify` subcommand's options."""
-    verify = sub.add_parser(
+    audit = sub.add_parser(
         "verify", help="check that speculative decoding of a configuration is exact",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    add_model_options(verify, max_tokens=DEFAULT_TOKENS)
-    verify.add_argument("--speculative-config", default=None, metavar="JSON",
-                        help="speculative decoding as vLLM's JSON object (instead of "
-                        "--method/--draft/--k)")  # fmt: skip
-    check = verify.add_argument_group("the check")
+    add_model_options(audit, max_tokens=DEFAULT_TOKENS)
+    audit.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help="speculative decoding as vLLM's JSON object (instead of "
+                       "--method/--draft/--k)")  # fmt: skip
+    check = audit.add_argument_group("the check")
     check.add_argument("--prompts", default=None, metavar="FILE",
                        help='JSONL, one {"prompt": TEXT} or {"messages": [...]} a line (an '
                        '"id" optional); default: the shipped chat workload for a chat model, '
@@ -99,7 +99,7 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
     )
     check.add_argument("--json", default=None, metavar="PATH",
                        help="also write the report as JSON")  # fmt: skip
-    verify.set_defaults(local_defaults={f: verify.get_default(_dest(f)) for f in SERVER_EXCLUSIVE})
+    audit.set_defaults(local_defaults={f: audit.get_default(_dest(f)) for f in SERVER_EXCLUSIVE})
 
 
 def _dest(flag: str) -> str:
@@ -107,7 +107,7 @@ def _dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
-def run_verify(args: argparse.Namespace) -> int:
+def run_audit(args: argparse.Namespace) -> int:
     """Run the check; print the report; 0 when exact, 1 otherwise."""
     from verispec.audit.report import DEFAULT_ALPHA
 
@@ -124,9 +124,9 @@ def run_verify(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     if args.server is not None:
-        report = _verify_server(args, params, mode, num_prompts, alpha)
+        report = _audit_server(args, params, mode, num_prompts, alpha)
     else:
-        report = _verify_local(args, params, mode, num_prompts, alpha)
+        report = _audit_local(args, params, mode, num_prompts, alpha)
     report.seconds = time.perf_counter() - started
     report.decide()
     print(report.text(), flush=True)
@@ -154,9 +154,9 @@ def _check_numbers(args: argparse.Namespace, mode: str, alpha: float) -> int | N
     return DEFAULT_PROMPTS[mode]
 
 
-def verify_spec(args: argparse.Namespace) -> tuple[SpecConfig, str | None]:
+def audit_spec(args: argparse.Namespace) -> tuple[SpecConfig, str | None]:
     """The configuration's SpecConfig with the adaptive policy off (and a note saying so);
-    ValueError when it decodes plainly, leaving nothing to verify."""
+    ValueError when it decodes plainly, leaving nothing to audit."""
     from verispec.cli.options import spec_config
 
     spec = spec_config(args)  # resolved: "auto" is the model's own drafter, adaptive
@@ -173,7 +173,7 @@ def verify_spec(args: argparse.Namespace) -> tuple[SpecConfig, str | None]:
     return spec, note
 
 
-def _verify_local(
+def _audit_local(
     args: argparse.Namespace, params: SamplingParams, mode: str, num_prompts: int | None,
     alpha: float,
 ) -> Report:  # fmt: skip
@@ -183,7 +183,7 @@ def _verify_local(
     from verispec.bench.workloads import prompt_token_ids
 
     check_arguments(args)
-    spec, note = verify_spec(args)
+    spec, note = audit_spec(args)
     given = read_prompts(args.prompts) if args.prompts else None
     llm = _load(args, spec, mode)
     has_template = bool(getattr(llm.tokenizer, "chat_template", None))
@@ -244,7 +244,7 @@ SERVER_EXCLUSIVE = ("--model", "--dtype", "--device", "--max-model-len", "--quan
 """Options that choose a local engine: the server's own configuration is the one checked."""
 
 
-def _verify_server(
+def _audit_server(
     args: argparse.Namespace, params: SamplingParams, mode: str, num_prompts: int | None,
     alpha: float,
 ) -> Report:  # fmt: skip

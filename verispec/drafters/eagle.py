@@ -79,7 +79,7 @@ class _Start:
 
 
 @dataclass(slots=True)
-class _Node:
+class _Candidate:
     """A tree candidate: its target token, head input row parent and cumulative log q."""
 
     token: int
@@ -267,7 +267,7 @@ class EagleProposer:
     def _trees(self, start: _Start, ks: list[int]) -> list[DraftTree]:
         """EAGLE-2's dynamic tree per request, one batched head forward per level."""
         requests, states, out, logits = start.requests, start.states, start.out, start.logits
-        nodes: list[list[_Node]] = [[] for _ in requests]
+        nodes: list[list[_Candidate]] = [[] for _ in requests]
         fed: list[list[int]] = [[] for _ in requests]  # candidates fed, in head-cache order
         live = [i for i, k in enumerate(ks) if k > 0]
         frontier = {i: self._expand(nodes[i], logits[i : i + 1], [-1], [0.0], 1) for i in live}
@@ -299,8 +299,8 @@ class EagleProposer:
         ]
 
     def _expand(
-        self, nodes: list[_Node], logits: torch.Tensor, parents: list[int], scores: list[float],
-        depth: int,
+        self, nodes: list[_Candidate], logits: torch.Tensor, parents: list[int],
+        scores: list[float], depth: int,
     ) -> list[int]:  # fmt: skip
         """Add each parent's top-K children (logits [P, draft vocab]) to nodes; return the K
         best new candidates by cumulative log-probability (the next frontier)."""
@@ -309,12 +309,14 @@ class EagleProposer:
         first = len(nodes)
         for p, (parent, score) in enumerate(zip(parents, scores, strict=True)):
             for lq, token in zip(logq[p].tolist(), tokens[p], strict=True):
-                nodes.append(_Node(token, parent, depth, score + lq))
+                nodes.append(_Candidate(token, parent, depth, score + lq))
         new = range(first, len(nodes))
         return sorted(new, key=lambda c: -nodes[c].score)[: self.topk]
 
     @staticmethod
-    def _frontier_mask(nodes: list[_Node], fed: list[int], frontier: list[int]) -> torch.Tensor:
+    def _frontier_mask(
+        nodes: list[_Candidate], fed: list[int], frontier: list[int]
+    ) -> torch.Tensor:
         """[F, len(fed) + F] which fed nodes (ancestors) and new nodes (itself) each sees."""
         where = {c: i for i, c in enumerate(fed)}
         mask = torch.zeros(len(frontier), len(fed) + len(frontier), dtype=torch.bool)
@@ -334,7 +336,7 @@ def check_topk(topk: int, draft_vocab_size: int) -> None:
                          f"({draft_vocab_size} tokens)")  # fmt: skip
 
 
-def _rerank(nodes: list[_Node], budget: int) -> DraftTree:
+def _rerank(nodes: list[_Candidate], budget: int) -> DraftTree:
     """The `budget` best candidates by score, closed under ancestors, as a DraftTree in
     depth order. E.g. scores a=-0.1, a/b=-0.5, c=-0.7 with budget 2 keep a and a/b."""
     order = sorted(range(len(nodes)), key=lambda c: (-nodes[c].score, nodes[c].depth, c))

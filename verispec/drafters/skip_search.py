@@ -13,7 +13,7 @@ on a few prompts and keeps the skip set and k of the best expected speedup:
    accepted when the drafts before it were, i.e. when they were the target's own tokens, and it
    is the target's argmax after them; so runs of agreement are runs of accepted drafts.
 4. Expected speedup of (S, k) = tokens per step / step cost in target decode steps:
-   (1 + mean_accepted(agreement, k)) / (k * draft(kept) + verify(k)) (StepCostModel,
+   (1 + mean_accepted(agreement, k)) / (k * draft(kept) + verify(k)) (RelativeStepCost,
    in spec/cost.py beside the acceptance and step-cost models of the adaptive policy and the
    benchmarks).
 
@@ -39,7 +39,7 @@ from verispec.models.batch import ForwardBatch
 from verispec.models.llama import LayerInputs, LlamaModel, decoder_layer, rms_norm
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.rope import rope_cos_sin
-from verispec.spec.cost import StepCostModel
+from verispec.spec.cost import RelativeStepCost
 
 BLOCK_SIZE = 16
 
@@ -207,7 +207,7 @@ def calibrate(
     num_tokens: int = 32,
     width: int = 3,
     patience: int = 3,
-    cost: StepCostModel | None = None,
+    cost: RelativeStepCost | None = None,
 ) -> tuple[SkipChoice, list[Candidate]]:
     """The best skip set and k (1..max_k) by expected speedup on the greedy continuations of
     `prompts` (token ids), and every candidate scored, in search order."""
@@ -216,7 +216,7 @@ def calibrate(
         raise ValueError("the self-speculation calibration needs at least one prompt")
     if n < 2:
         raise ValueError("self-speculation needs a target of at least 2 layers (one kept)")
-    cost = cost or StepCostModel.of(model)
+    cost = cost or RelativeStepCost.of(model)
     scorer = AgreementScorer(model, prompts, eos, num_tokens)
 
     def score(skip: Sequence[int], search: str) -> Candidate:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 
 
-class _Node:
+class _TrieNode:
     """count occurrences of this node's path; children by next token (None: none yet); or,
     while lazy (seq is not None), the single occurrence's continuation seq[pos:]."""
 
@@ -27,12 +27,12 @@ class _Node:
 
     def __init__(self, seq: list[int] | None, pos: int) -> None:
         self.count = 1
-        self.children: dict[int, _Node] | None = None
+        self.children: dict[int, _TrieNode] | None = None
         self.seq = seq
         self.pos = pos
 
 
-Cursor = tuple[_Node | None, list[int] | None, int, int]
+Cursor = tuple[_TrieNode | None, list[int] | None, int, int]
 """(explicit node or None, lazy sequence or None, position of the next token in it, depth)."""
 
 
@@ -49,7 +49,7 @@ class SuffixTrie:
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         self.max_depth = max_depth
-        self.root = _Node(None, 0)
+        self.root = _TrieNode(None, 0)
         self.root.children = {}
         self.num_nodes = 0
         """Nodes below the root, explicit and lazy (memory is proportional to it)."""
@@ -87,22 +87,25 @@ class SuffixTrie:
             if n + 1 - suffixes[0][0] >= self.max_depth:  # that suffix is complete
                 suffixes.pop(0)
 
-    def _bump(self, parent: _Node, token: int, depth: int, seq: list[int], after: int) -> _Node:
+    def _bump(
+        self, parent: _TrieNode, token: int, depth: int, seq: list[int], after: int
+    ) -> _TrieNode:
         """Count one more occurrence of parent's path + token (a node at `depth`), explicit
         parent; seq[after:] is what follows this occurrence. Returns the child."""
         if parent.children is None:
             parent.children = {}
         child = parent.children.get(token)
         if child is None:  # a new path: lazy, unless at the depth limit (no continuation)
-            child = parent.children[token] = _Node(seq if depth < self.max_depth else None, after)
+            lazy = seq if depth < self.max_depth else None
+            child = parent.children[token] = _TrieNode(lazy, after)
             self.num_nodes += 1
             return child
         if child.seq is not None:  # a second occurrence: make the first one's next step explicit
             first, pos = child.seq, child.pos
             child.seq = None
             if pos < len(first):
-                child.children = {first[pos]: _Node(first if depth + 1 < self.max_depth else None,
-                                                    pos + 1)}  # fmt: skip
+                lazy = first if depth + 1 < self.max_depth else None
+                child.children = {first[pos]: _TrieNode(lazy, pos + 1)}
                 self.num_nodes += 1
         child.count += 1
         return child
@@ -180,11 +183,11 @@ class SuffixTrie:
         return lo
 
 
-def _cursor(node: _Node, depth: int) -> Cursor:
+def _cursor(node: _TrieNode, depth: int) -> Cursor:
     return (node, None, 0, depth) if node.seq is None else (None, node.seq, node.pos, depth)
 
 
-def _subtree_size(node: _Node) -> int:
+def _subtree_size(node: _TrieNode) -> int:
     """Nodes in node's subtree, itself included."""
     size, stack = 0, [node]
     while stack:

@@ -6,12 +6,12 @@
   were, so a chain of k drafts expects expected_accepted(a, k) = a (1 - a^k) / (1 - a) of them
   and a verify step emits tokens_per_step(a, k) = 1 + that; alpha_from_length inverts it for a
   measured mean acceptance length.
-- **Step cost, relative** (speedup, StepCostModel): in plain decode steps (a 1-token target
+- **Step cost, relative** (speedup, RelativeStepCost): in plain decode steps (a 1-token target
   forward = 1), a step of k drafts costs k draft steps plus one verify forward of k + 1 tokens,
   1 + verify_per_token k; the speedup over plain decoding is the tokens it emits over that.
   Leviathan et al.'s formula is verify_per_token = 0; the calibration prices a draft step by
   the share of the target's weights it reads.
-- **Step cost, measured** (StepCost): seconds of one of this engine's steps by new tokens in
+- **Step cost, measured** (MeasuredStepCost): seconds of one of this engine's steps by new tokens in
   the target forward and draft depth, profiled at start-up (spec/profiles.py) and learned from
   the steps served, which the adaptive policy compares its choices with.
 """
@@ -102,7 +102,7 @@ def predicted_speedup(a: float | None, k: int, c: float) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StepCostModel:
+class RelativeStepCost:
     """Step costs in target decode steps of a draft that runs `kept` of the target's num_layers
     layers: a draft step costs fixed + (1 - fixed) kept / num_layers, where fixed is the share
     of the weights outside the layers (the LM head, which every draft step still runs):
@@ -114,7 +114,7 @@ class StepCostModel:
     verify_per_token: float = VERIFY_COST_PER_TOKEN
 
     @classmethod
-    def of(cls, model: LlamaModel) -> StepCostModel:
+    def of(cls, model: LlamaModel) -> RelativeStepCost:
         """The model's weight shares: LM head (the last of model.linears()) against all."""
         sizes = [lin.out_features * lin.in_features for lin in model.linears()]
         return cls(sizes[-1] / sum(sizes), len(model.layers))
@@ -122,7 +122,7 @@ class StepCostModel:
     def draft(self, kept: int) -> float:
         """One draft step's cost when it keeps `kept` layers.
 
-        >>> round(StepCostModel(fixed=0.2, num_layers=10).draft(5), 6)
+        >>> round(RelativeStepCost(fixed=0.2, num_layers=10).draft(5), 6)
         0.6
         """
         return self.fixed + (1 - self.fixed) * kept / self.num_layers
@@ -133,7 +133,7 @@ class StepCostModel:
 
 
 @dataclass
-class StepCost:
+class MeasuredStepCost:
     """Seconds of an engine step, by new tokens in the target forward and by draft depth.
 
     The start-up profile (one short sequence) is cheaper than serving steps (many sequences,
@@ -205,7 +205,7 @@ class StepCost:
         Drafting steps of 16 tokens as predicted (0.12 s target, 0.01 s draft), but one in
         three catches up and drafts for 0.1 s, which the median draft time leaves out:
 
-        >>> cost = StepCost(profile={8: 0.1, 16: 0.12}, draft={1: 0.01})
+        >>> cost = MeasuredStepCost(profile={8: 0.1, 16: 0.12}, draft={1: 0.01})
         >>> for draft_s in (0.01, 0.01, 0.1):
         ...     cost.observe(8, 0, 0.1, 0.0)
         ...     cost.observe(16, 1, 0.12, draft_s)
@@ -220,9 +220,9 @@ class StepCost:
     def curve(self) -> dict[int, float]:
         """Target seconds by token count: measured steps, and the profile scaled to them.
 
-        >>> StepCost(target={4: 0.2}, profile={4: 0.1, 8: 0.15}).curve()
+        >>> MeasuredStepCost(target={4: 0.2}, profile={4: 0.1, 8: 0.15}).curve()
         {4: 0.2, 8: 0.3}
-        >>> StepCost(target={4: 0.2, 8: 0.1}).curve()  # never cheaper for more tokens
+        >>> MeasuredStepCost(target={4: 0.2, 8: 0.1}).curve()  # never cheaper for more tokens
         {4: 0.2, 8: 0.2}
         """
         if not self._merged:

@@ -7,14 +7,14 @@ but a full batch already keeps the hardware busy, and drafts then only add work 
 The cost model says where that happens on this machine, so under load the policy turns
 speculation down and off by itself (docs/design.md, 10).
 
-- **Cost** (spec/cost.py, StepCost): step seconds = target(new tokens in the forward) +
+- **Cost** (spec/cost.py, MeasuredStepCost): step seconds = target(new tokens in the forward) +
   draft(depth drafted). Target time is profiled at start-up (spec/profiles.py: forwards of 1,
   2, 4, ... tokens) and then learned online per token count (median of the last WINDOW steps,
   robust to a step slowed by something else on the machine; linear interpolation between
   measured counts, never falling as the count grows); draft time per depth is learned likewise
   (0 until measured: optimistic, so it gets measured). A drafting step's prediction is then
   scaled by how much longer recent drafting steps took than predicted, relative to plain ones
-  (StepCost.drafting_factor).
+  (MeasuredStepCost.drafting_factor).
 - **Gain** (spec/cost.py, expected_accepted): a chain request drafting d tokens with per-token
   acceptance a (geometric model) expects a (1 - a^d) / (1 - a) accepted drafts; a is its own
   accepted / (accepted + rejections) shrunk towards the engine-wide value (a prior worth
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from verispec.spec.cost import StepCost, expected_accepted
+from verispec.spec.cost import MeasuredStepCost, expected_accepted
 
 PRIOR_WEIGHT = 4.0
 """Verify steps' worth of weight the engine-wide acceptance has in a request's estimate."""
@@ -122,10 +122,10 @@ class _Counts:
 class AdaptiveSpeculation:
     """Chooses each decoding request's draft count each step (see the module docstring)."""
 
-    def __init__(self, max_tokens: int, cost: StepCost | None = None) -> None:
+    def __init__(self, max_tokens: int, cost: MeasuredStepCost | None = None) -> None:
         self.max_tokens = max_tokens
         self.depths = list(range(max_tokens + 1))
-        self.cost = cost or StepCost()
+        self.cost = cost or MeasuredStepCost()
         self._requests: dict[str, _Counts] = {}
         self._total = _Counts()
         self._idle_steps = 0

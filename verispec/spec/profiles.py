@@ -1,6 +1,6 @@
 """The start-up profile of target steps: forwards of 1, 2, 4, 8 and 16 new tokens timed when an
 adaptive engine loads (target_cost), the adaptive policy's first cost model; measured steps
-replace it online (spec/cost.py, StepCost). A profile is kept in the cache
+replace it online (spec/cost.py, MeasuredStepCost). A profile is kept in the cache
 (`<cache>/kernels/profiles.json`) per model file, settings, threads, CPU and kernel, so a later
 load of the same model with the same settings on the same machine skips the forwards."""
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from verispec.models.kernels.backends import cpu_model
+from verispec.models.kernels.backends import cpu_model_name
 from verispec.models.kernels.build import NativeKernel, native_kernel
 from verispec.models.paged import PagedModel
 from verispec.paths import cache_dir, read_cache_json, write_cache_json
-from verispec.spec.cost import StepCost
+from verispec.spec.cost import MeasuredStepCost
 
 if TYPE_CHECKING:
     from verispec.config import EngineConfig
@@ -33,7 +33,7 @@ MAX_ENTRIES = 64
 """Profiles kept; the oldest go first (test runs make models in temporary directories)."""
 
 
-def target_cost(target: PagedModel, facts: dict[str, object]) -> StepCost:
+def target_cost(target: PagedModel, facts: dict[str, object]) -> MeasuredStepCost:
     """The cost model of target steps with the profile stored for these facts, else with a new
     one: forwards of 1, 2, 4, 8 and 16 new tokens (up to facts["limit"]), each the fastest of
     PROFILE_RUNS timed runs after an untimed one, then stored. Larger steps are extrapolated from
@@ -42,8 +42,8 @@ def target_cost(target: PagedModel, facts: dict[str, object]) -> StepCost:
     10)."""
     known = load(facts)
     if known is not None:
-        return StepCost(profile=known)
-    cost = StepCost()
+        return MeasuredStepCost(profile=known)
+    cost = MeasuredStepCost()
     for tokens in (t for t in (1, 2, 4, 8, 16) if t <= int(facts["limit"])):
         cost.profile[tokens] = target.time_forward(tokens, PROFILE_RUNS)
     store(facts, cost.profile)
@@ -64,7 +64,7 @@ def facts(
         "batch_invariant": c.batch_invariant, "compile": c.compile,
         "limit": min(c.max_num_batched_tokens, max_model_len - 1, PROFILE_TOKENS),
         "runs": PROFILE_RUNS,
-        "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "cpu": cpu_model_name(), "torch": torch.__version__,
         "kernel": kernel_key(),
     }  # fmt: skip
 

@@ -70,8 +70,8 @@ def test_interleaved_greedy_steps_time_both_models(spec_pair: tuple[Path, Path])
 
 @pytest.mark.skipif(not native_usable(), reason="the native kernel cannot run here")
 def test_q6_k_codes_count_their_bytes_as_stored() -> None:
-    """Q6_K codes with their factors (kind 14) read 0.8203 bytes a weight, as the file holds
-    them; without the factors (kind 9) 1.25."""
+    """Q6_K codes with their factors (Q6_SUPER_D) read 0.8203 bytes a weight, as the file holds
+    them; without the factors (Q8_F32_D_HALVES) 1.25."""
     g = torch.Generator().manual_seed(1)
     d16 = torch.rand(32, 1, generator=g).half()
     sc = torch.randint(-128, 128, (32, 16), generator=g, dtype=torch.int8)

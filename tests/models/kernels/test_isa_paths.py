@@ -46,7 +46,7 @@ def codes_of(fmt: F) -> affine.AffineCodes:
         codes = k_quant_codes(OUT, 16, 2, "q4_k" if fmt == F.Q4_F32_A8 else "q5_k")
         if fmt == F.Q8_F32_A8:  # any 8-bit code, not only Q5_K's 0..31
             codes.codes[:] = torch.randint(-128, 128, codes.codes.shape, generator=g)
-    else:  # kinds 3 and 6: float16 d and m
+    else:  # Q8_A8 and Q4_A8: float16 d and m
         top = 16 if fmt == F.Q4_A8 else 128
         q = torch.randint(0 if top == 16 else -128, top, (OUT, 512), generator=g,
                           dtype=torch.int8)  # fmt: skip
@@ -172,20 +172,20 @@ def test_an_unknown_verispec_isa_names_the_allowed_ones(fresh_kernel: pytest.Mon
         native_kernel()
 
 
-MODEL_KINDS = {"Q4_K": F.Q4_SUPER_A8, "Q6_K": F.Q6_SUPER_A8, "Q8_0": F.Q8_A8}
-"""GGUF block types of the model test, and the a8 kind each runs as."""
+MODEL_FORMATS = {"Q4_K": F.Q4_SUPER_A8, "Q6_K": F.Q6_SUPER_A8, "Q8_0": F.Q8_A8}
+"""GGUF block types of the model test, and the a8 format each runs as."""
 
 
-@pytest.fixture(scope="module", params=list(MODEL_KINDS))
+@pytest.fixture(scope="module", params=list(MODEL_FORMATS))
 def gguf_model(request, tmp_path_factory: pytest.TempPathFactory, tokenizer,
                write_gguf) -> tuple[Path, F]:  # fmt: skip
-    """A tiny llama GGUF file whose matrices are blocks of one type, and its a8 kind."""
+    """A tiny llama GGUF file whose matrices are blocks of one type, and its a8 format."""
     root = tmp_path_factory.mktemp(f"isa-{request.param}")
     source = make_checkpoint(root / "hf", "llama", tokenizer, layer_scale=8.0, hidden_size=256,
                              intermediate_size=512)  # fmt: skip
     path = root / "model.gguf"
     write_gguf(path, source, tokenizer, request.param)
-    return path, MODEL_KINDS[request.param]
+    return path, MODEL_FORMATS[request.param]
 
 
 @needs_kernel
@@ -197,7 +197,7 @@ def test_a_models_a8_tokens_and_logits_are_the_same_on_every_path(
     on every VERISPEC_ISA this CPU runs with the same layer code (the native stack; torch's on
     the portable path), and so do greedy tokens; greedy tokens with prompt lookup drafting equal
     plain ones on every path; the settings name the path."""
-    path, kind = gguf_model
+    path, fmt = gguf_model
     fresh_kernel.setenv("VERISPEC_NO_GGUF_CACHE", "1")  # no metadata of it in the user's cache
     assert isinstance(KERNEL, NativeKernel)
     names = [n for n, cap in build.ISA_NAMES.items() if cap <= KERNEL.isa]
@@ -210,7 +210,7 @@ def test_a_models_a8_tokens_and_logits_are_the_same_on_every_path(
         a8 = {v for f, v in model.kernels().items() if "8-bit inputs" in f}
         kernel = build.loaded()
         assert a8 == {f"native {kernel.isa_name} {kernel.dot_name}"}, (name, model.kernels())
-        assert WEIGHT_FORMATS[kind] in model.kernels()
+        assert WEIGHT_FORMATS[fmt] in model.kernels()
         logits = run_shapes(Runner(model), model.config.vocab_size)  # prefill, decode, verify...
         prompt = random_ids(4, model.config.vocab_size, seed=4) * 3  # repeats: lookup drafts
         plain = LLM(model=str(path), quantization="a8", speculative=None, max_model_len=64)

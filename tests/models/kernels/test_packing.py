@@ -199,7 +199,7 @@ def test_coded_products_match_float64_and_are_row_invariant() -> None:
 
 
 def test_4_bit_codes_layout() -> None:
-    """Kind 4 packs two codes a byte, lane l of vector v holding columns l and 16 + l of rows
+    """Q4_F16_DM packs two codes a byte, lane l of vector v holding columns l and 16 + l of rows
     4 v .. 4 v + 3: the worked example of pack_codes' docstring, then every code of a random
     weight found where the layout says."""
     codes = torch.zeros(6, 32, dtype=torch.int8)
@@ -232,9 +232,9 @@ def test_4_bit_codes_layout() -> None:
 @pytest.mark.parametrize("out", [37, 64])
 @pytest.mark.parametrize("form", ["q4_1", "q8_0"])
 def test_float16_scales_give_the_float32_scales_products(form: str, out: int) -> None:
-    """Q4_1-like codes pack two a byte with float16 d and m (kind 4, whose decode rows look
-    weights up in a table), Q8_0-like codes with float16 d alone (kind 5); both give, bit for
-    bit, the products of the same codes a byte each with float32 d and m (kind 2) on every
+    """Q4_1-like codes pack two a byte with float16 d and m (Q4_F16_DM, whose decode rows look
+    weights up in a table), Q8_0-like codes with float16 d alone (Q8_F16_D); both give, bit for
+    bit, the products of the same codes a byte each with float32 d and m (Q8_F32_DM) on every
     instruction set and for every row count."""
     g = torch.Generator().manual_seed(8)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
@@ -247,7 +247,7 @@ def test_float16_scales_give_the_float32_scales_products(form: str, out: int) ->
     assert packed.format == fmt
     bytes_each, full = packing._codes_and_scales(codes)
     assert full.dtype == torch.float32
-    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # Q8_F32_DM
     assert packed.codes.numel() == bytes_each.numel() // (2 if form == "q4_1" else 1)
     x = torch.randn(40, 96, generator=g)
     bias = torch.randn(out, generator=g)
@@ -286,7 +286,7 @@ def test_a8_codes_layout_worked_example() -> None:
 
 
 def test_a8_4_bit_codes_layout_worked_example() -> None:
-    """Codes in 0..15 go two a byte (kind 6): column 32 c + 4 k + e in the low 4 bits of [b, c,
+    """Codes in 0..15 go two a byte (Q4_A8): column 32 c + 4 k + e in the low 4 bits of [b, c,
     k, j, e], column 32 c + 16 + 4 k + e in the high 4 bits, stored as themselves."""
     codes = torch.zeros(2, 32, dtype=torch.int8)
     codes[1, 5], codes[1, 21] = 3, 15  # columns 4 * 1 + 1 and 16 + 4 * 1 + 1
@@ -301,7 +301,7 @@ def test_a8_4_bit_codes_layout_worked_example() -> None:
 @needs_kernel
 @pytest.mark.parametrize("out", [37, 64])
 def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
-    """Kind 6 (two codes a byte, sums from 0) and kind 3 (codes + 128 a byte, sums from -128
+    """Q4_A8 (two codes a byte, sums from 0) and Q8_A8 (codes + 128 a byte, sums from -128
     times the sum of x's codes) give the same integers, so the same bits, on every kernel."""
     w = gguf_like(out, 3, 9)
     codes = affine.affine_codes(w)
@@ -327,7 +327,7 @@ def test_a8_4_bit_codes_give_the_8_bit_codes_products(out: int) -> None:
 def test_a8_products_round_each_row_on_its_own(form: str, fmt: ffi.WeightFormat, out: int) -> None:
     """Quantization "a8": the product of the codes with x rounded to 8-bit blocks; bit for bit
     the same on every instruction set (integer sums) and for a row alone or among others.
-    K-quant codes (float32 d and m, kinds 10 and 11) included."""
+    K-quant codes (float32 d and m, Q4_F32_A8 and Q8_F32_A8) included."""
     g = torch.Generator().manual_seed(5)
     weight: torch.Tensor | affine.AffineCodes
     if form in ("q4_k", "q5_k"):
@@ -365,8 +365,9 @@ def test_a8_products_round_each_row_on_its_own(form: str, fmt: ffi.WeightFormat,
 @pytest.mark.parametrize("form", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("out", [37, 64])
 def test_a8_float32_scales_give_the_float16_scales_products(form: str, out: int) -> None:
-    """Kinds 10 and 11 (float32 d and m, for K-quants) run kinds 6's and 3's operations: the
-    same d and m stored either way give the same bits on every kernel and row count."""
+    """Q4_F32_A8 and Q8_F32_A8 (float32 d and m, for K-quants) run Q4_A8's and Q8_A8's
+    operations: the same d and m stored either way give the same bits on every kernel and row
+    count."""
     g = torch.Generator().manual_seed(out)
     w = gguf_like(out, 3, 7) if form == "q4_1" else round_to_q8_0(torch.randn(out, 96, generator=g))
     codes = affine.affine_codes(w)
@@ -402,7 +403,7 @@ def k_quant_codes(rows: int, chunks: int, seed: int, form: str) -> affine.Affine
     scales (so mostly not float16 values): "q4_k" per 32 columns d = d16 * sc, m = -dmin16 * mn,
     q in 0..15; "q5_k" the same with q in 0..31; "q6_k" per 16 columns d = d16 * sc (sc signed
     8-bit), m = 0, q in -32..31; "mixed" per 16 columns both forms' d and m in turn (fused
-    weights of both kinds)."""
+    weights of both formats)."""
     g = torch.Generator().manual_seed(seed)
     group = 32 if form in ("q4_k", "q5_k") else 16
     shape = (rows, chunks * 32 // group)
@@ -430,9 +431,9 @@ def materialized(codes: affine.AffineCodes) -> torch.Tensor:
 
 
 def test_k_quant_layouts() -> None:
-    """Kind 7: kind 4's codes with float32 d and m; kind 8: kind 2's codes with d and m each 16
-    columns at [b, c, h, 0 or 1, j]; kind 9: kind 8's d alone. a8 refuses both; under a8 Q4_K
-    codes are kind 6's layout with float32 d and m (kind 10)."""
+    """Q4_F32_DM: Q4_F16_DM's codes with float32 d and m; Q8_F32_DM_HALVES: Q8_F32_DM's codes with d
+    and m each 16 columns at [b, c, h, 0 or 1, j]; Q8_F32_D_HALVES: Q8_F32_DM_HALVES's d alone. a8
+    refuses both; under a8 Q4_K codes are Q4_A8's layout with float32 d and m (Q4_F32_A8)."""
     codes = k_quant_codes(37, 3, 1, "q4_k")
     p = packing.pack_codes(codes)
     packed, scales = p.codes, p.scales
@@ -489,14 +490,14 @@ def assert_products(packed: PackedWeight, twin: PackedWeight, w: torch.Tensor, e
 @needs_kernel
 @pytest.mark.parametrize("out", [37, 64, 200])
 def test_kind_7_gives_kind_2s_products(out: int) -> None:
-    """Q4_K-like codes two a byte with float32 d and m (kind 7) give, bit for bit, the products
-    of the same codes a byte each (kind 2)."""
+    """Q4_K-like codes two a byte with float32 d and m (Q4_F32_DM) give, bit for bit, the products
+    of the same codes a byte each (Q8_F32_DM)."""
     codes = k_quant_codes(out, 4, out, "q4_k")
     packed = packing.pack_codes(codes)
     assert packed.format == F.Q4_F32_DM and packed.scales is not None
     bytes_each, full = packing._codes_and_scales(codes)
     assert torch.equal(full, packed.scales)
-    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # Q8_F32_DM
     assert_products(packed, twin, materialized(codes), exact=True)
 
 
@@ -504,8 +505,9 @@ def test_kind_7_gives_kind_2s_products(out: int) -> None:
 @pytest.mark.parametrize("out", [37, 64, 200])
 @pytest.mark.parametrize("form", ["mixed", "q6_k"])
 def test_16_column_scales_match_float32(form: str, out: int) -> None:
-    """d and m each 16 columns (kind 8; kind 9 with d alone): products near the float32 ones
-    of the dequantized weight; kind 9's bitwise kind 8's with its m stored as zeros."""
+    """d and m each 16 columns (Q8_F32_DM_HALVES; Q8_F32_D_HALVES with d alone): products near the
+    float32 ones of the dequantized weight; Q8_F32_D_HALVES's bitwise Q8_F32_DM_HALVES's with its m
+    stored as zeros."""
     codes = k_quant_codes(out, 4, out, form)
     packed = packing.pack_codes(codes)
     scales = packed.scales
@@ -521,8 +523,8 @@ def test_16_column_scales_match_float32(form: str, out: int) -> None:
 @needs_kernel
 @pytest.mark.parametrize("form", ["q4_k", "q8_0"])
 def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
-    """Where each chunk's two halves share d and m, kind 8 (and, m being 0, kind 9) gives
-    kind 2's bits."""
+    """Where each chunk's two halves share d and m, Q8_F32_DM_HALVES (and, m being 0,
+    Q8_F32_D_HALVES) gives Q8_F32_DM's bits."""
     g = torch.Generator().manual_seed(11)
     if form == "q4_k":
         codes = k_quant_codes(45, 4, 12, "q4_k")
@@ -535,14 +537,14 @@ def test_16_column_scales_repeated_give_kind_2s_products(form: str) -> None:
                                  codes.m.repeat_interleave(2, 1), group=16)  # fmt: skip
     packed = packing.pack_codes(halves)
     assert packed.format == (F.Q8_F32_DM_HALVES if form == "q4_k" else F.Q8_F32_D_HALVES)
-    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # kind 2
+    twin = replace(packed, format=F.Q8_F32_DM, codes=bytes_each, scales=full)  # Q8_F32_DM
     assert_products(packed, twin, materialized(codes), exact=True)
 
 
 def k_quantized(w: torch.Tensor, form: str) -> affine.AffineCodes:
     """w's values rounded to K-quant-style codes with float32 d and m: "q4_k" per 32 columns
-    m = min, d = (max - min) / 15 (kind 7); "q6_k" per 16 columns d = max |w| / 31, m = 0
-    (kind 9); "mixed" per 16 columns as q4_k's (kind 8)."""
+    m = min, d = (max - min) / 15 (Q4_F32_DM); "q6_k" per 16 columns d = max |w| / 31, m = 0
+    (Q8_F32_D_HALVES); "mixed" per 16 columns as q4_k's (Q8_F32_DM_HALVES)."""
     group = 32 if form == "q4_k" else 16
     chunks = w.view(w.shape[0], -1, group)
     if form == "q6_k":
@@ -567,7 +569,8 @@ def unpacked(lin: Linear) -> torch.Tensor:
 
 @needs_kernel
 def test_decoder_stack_runs_k_quant_kinds(tmp_path: Path, tokenizer) -> None:
-    """The native stack (layer.c) runs kinds 7, 8 and 9 as the layers' own products do."""
+    """The native stack (layer.c) runs Q4_F32_DM, Q8_F32_DM_HALVES and Q8_F32_D_HALVES as the
+    layers' own products do."""
     make_checkpoint(tmp_path, "qwen2", tokenizer, layer_scale=8.0)
     runners = []
     for native in (True, False):
@@ -603,7 +606,7 @@ def q4_k_super_codes(rows: int, supers: int, seed: int) -> affine.AffineCodes:
 
 
 def test_super_scales_layout_worked_example() -> None:
-    """Kind 12's scales [N'/16, K/256, 320]: d16 and negmin of the block's 16 rows, then each
+    """Q4_SUPER_DM's scales [N'/16, K/256, 320]: d16 and negmin of the block's 16 rows, then each
     chunk's sub_d and sub_m of the 16 rows (0.578 bytes a weight with the codes)."""
     codes = q4_k_super_codes(37, 2, 3)
     p = packing.pack_codes(codes)
@@ -623,8 +626,9 @@ def test_super_scales_layout_worked_example() -> None:
 @needs_kernel
 @pytest.mark.parametrize("out", [37, 64, 200])
 def test_super_scales_give_the_float32_scales_products(out: int) -> None:
-    """Kinds 12 and 13 widen their stored factors into kind 7's and 10's float32 d and m, so
-    they give those kinds' products bit for bit, on every kernel and row count."""
+    """Q4_SUPER_DM and Q4_SUPER_A8 widen their stored factors into Q4_F32_DM's and Q4_F32_A8's
+    float32 d and m, so they give those formats' products bit for bit, on every kernel and row
+    count."""
     codes = q4_k_super_codes(out, 2, out)
     plain = affine.AffineCodes(codes.codes, codes.d, codes.m)  # without the factors
     for packer, formats in ((packing.pack_codes, (F.Q4_SUPER_DM, F.Q4_F32_DM)),
@@ -657,7 +661,7 @@ def q6_k_super_codes(rows: int, supers: int, seed: int) -> affine.AffineCodes:
 
 
 def test_q6_super_layout_worked_example() -> None:
-    """Kind 14: codes u = q + 32 in a plane of low nibbles and one of 2-bit fields [N'/16, K/32,
+    """Q6_SUPER_D: codes u = q + 32 in a plane of low nibbles and one of 2-bit fields [N'/16, K/32,
     384], scales [N'/16, K/256, 288]: d16 of the block's 16 rows, then sc of its 16 groups of
     16 columns for the 16 rows (0.8203 bytes a weight, as Q6_K stores it)."""
     codes = q6_k_super_codes(37, 2, 3)
@@ -686,8 +690,9 @@ def test_q6_super_layout_worked_example() -> None:
 @needs_kernel
 @pytest.mark.parametrize(("out", "supers"), [(37, 1), (64, 2), (200, 3), (16, 6)])
 def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
-    """Kind 14 unpacks its codes and widens its factors into kind 9's codes and float32 d, so it
-    gives kind 9's products bit for bit, on every kernel, row count, with and without bias."""
+    """Q6_SUPER_D unpacks its codes and widens its factors into Q8_F32_D_HALVES's codes and float32
+    d, so it gives Q8_F32_D_HALVES's products bit for bit, on every kernel, row count, with and
+    without bias."""
     codes = q6_k_super_codes(out, supers, out)
     plain = affine.AffineCodes(codes.codes, codes.d, codes.m, group=16)  # no factors
     stored, wide = packing.pack_codes(codes), packing.pack_codes(plain)
@@ -700,8 +705,8 @@ def test_q6_super_gives_kind_9s_products(out: int, supers: int) -> None:
 
 
 def test_q6_super_needs_its_factors_and_zero_m() -> None:
-    """Only codes with Q6Scales, m +0 and whole 256-column blocks pack as kind 14; others keep
-    kind 9 or 8, and a8 refuses them (d per 16 columns)."""
+    """Only codes with Q6Scales, m +0 and whole 256-column blocks pack as Q6_SUPER_D; others keep
+    Q8_F32_D_HALVES or Q8_F32_DM_HALVES, and a8 refuses them (d per 16 columns)."""
     codes = q6_k_super_codes(20, 1, 1)
     assert packing.q6_packable(codes)
     with_m = affine.AffineCodes(codes.codes, codes.d, codes.m.clone(), 16,
@@ -715,7 +720,7 @@ def test_q6_super_needs_its_factors_and_zero_m() -> None:
     half = affine.AffineCodes(codes.codes[:, :128], codes.d[:, :8], codes.m[:, :8], 16,
                                      short)  # fmt: skip
     assert packing.pack_codes(half).format == F.Q8_F32_D_HALVES
-    assert packing.a8_packable(codes)  # kind 15
+    assert packing.a8_packable(codes)  # Q6_SUPER_A8
     for other in (with_m, half):
         assert not packing.a8_packable(other)
         with pytest.raises(ValueError, match="one d and m per 32 columns"):
@@ -780,15 +785,15 @@ def test_each_packer_names_the_format_of_its_layout() -> None:
 
 
 def test_q6_a8_layout_worked_example() -> None:
-    """Kind 15 (Q6_SUPER_A8): kind 14's planes and scales, each chunk's codes in kind 3's
-    order, so that position 64 k + 4 j + e (row j, column 4 k + e) is where kind 14 keeps row
+    """Q6_SUPER_A8: Q6_SUPER_D's planes and scales, each chunk's codes in Q8_A8's
+    order, so that position 64 k + 4 j + e (row j, column 4 k + e) is where Q6_SUPER_D keeps row
     (64 k + 4 j + e) // 32, column (64 k + 4 j + e) % 32."""
     codes = q6_k_super_codes(37, 2, 3)
     codes.codes[1, 5] = 0x2B - 32  # row 1, column 5 = 4 * 1 + 1: position 64 + 4 + 1 = 69
     p = packing.pack_codes_a8(codes)
     assert p.format == F.Q6_SUPER_A8 == 15 and p.scales is not None
     b = p.codes.view(torch.uint8)
-    # where kind 14 keeps row 2, column 5 (position 69: its own worked example)
+    # where Q6_SUPER_D keeps row 2, column 5 (position 69: its own worked example)
     assert b[0, 0, 5] >> 4 == 0xB and (b[0, 0, 256 + 5] >> 2) & 3 == 2
     assert torch.equal(p.scales, packing.pack_q6(codes).scales)
     assert p.codes.shape == (3, 16, 384) and p.bytes / (48 * 512) == 0.8203125
@@ -797,7 +802,7 @@ def test_q6_a8_layout_worked_example() -> None:
 @needs_kernel
 @pytest.mark.parametrize(("out", "supers"), [(37, 1), (64, 2), (200, 3)])
 def test_q6_a8_products_round_each_row_on_its_own(out: int, supers: int) -> None:
-    """Kind 15: Q6_K codes times x rounded to 8-bit blocks, near that product in float64;
+    """Q6_SUPER_A8: Q6_K codes times x rounded to 8-bit blocks, near that product in float64;
     bit for bit the same on every instruction set (VNNI or the portable loop: the same
     integers, then the same fmas) and for a row alone or among others."""
     codes = q6_k_super_codes(out, supers, out)

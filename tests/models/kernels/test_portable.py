@@ -1,6 +1,6 @@
 """portable.c, the products in plain C that any CPU with a C compiler runs (isa 0: an x86 CPU
 without AVX2, every other machine): forced on this CPU against linear.c's instruction sets for
-every weight format (8-bit-input kinds bit for bit, float kinds within float32 rounding), a
+every weight format (8-bit-input formats bit for bit, float formats within float32 rounding), a
 GGUF model on it with its weights packed as stored, and (opt-in, VERISPEC_CROSS=1) the same
 products built for aarch64 and run under qemu-user."""
 
@@ -100,9 +100,9 @@ WEIGHTS = weights(OUT)
 @pytest.mark.parametrize("fmt", list(F), ids=lambda f: f.name)
 def test_portable_products_equal_linear_cs(fmt: WeightFormat) -> None:
     """Every format on isa 0, 1-17 rows of x, 37 outputs, with and without bias: near x W^T
-    in float64 (for a8, with x rounded to 8-bit blocks); 8-bit-input kinds bit for bit
+    in float64 (for a8, with x rounded to 8-bit blocks); 8-bit-input formats bit for bit
     linear.c's on every instruction set here (the same integers, then the same fmas), float
-    kinds within float32 rounding of them; every row bit for bit its one-row product."""
+    formats within float32 rounding of them; every row bit for bit its one-row product."""
     packed, w = WEIGHTS[fmt]
     x = inputs(packed.columns)[:, : w.shape[1]]
     bias = torch.randn(OUT, generator=torch.Generator().manual_seed(1))
@@ -128,9 +128,9 @@ def test_portable_products_equal_linear_cs(fmt: WeightFormat) -> None:
 
 @needs_kernel
 def test_portable_float_kinds_give_each_others_bits_for_the_same_weights() -> None:
-    """The float kinds compute the same weights and add each output's products in one order
-    whatever their layout: Q4_1 codes as kind 4 (two a byte, float16 d and m), kind 7 (float32
-    d and m) and kind 2 (a byte each) give the same bits, and so does kind 0 holding their
+    """The float formats compute the same weights and add each output's products in one order
+    whatever their layout: Q4_1 codes as Q4_F16_DM (two a byte, float16 d and m), Q4_F32_DM (float32
+    d and m) and Q8_F32_DM (a byte each) give the same bits, and so does F32 holding their
     values as float32."""
     codes = affine.affine_codes(gguf_like(OUT, 8, 1))
     assert codes is not None
@@ -279,7 +279,7 @@ def test_aarch64_build_gives_the_same_products(tmp_path: Path) -> None:
     build's own flags, warnings as errors), and a driver on the same sources, run under
     qemu-user: every format's products bit for bit those of isa 0 on this CPU (IEEE arithmetic,
     the same operations in the same order, nothing contracted), so those of linear.c for the
-    8-bit-input kinds."""
+    8-bit-input formats."""
     sources = [str(p) for p in build.sources("aarch64")]
     warnings = ("-Wall", "-Wextra", "-Werror")
     library = subprocess.run([CROSS_CC, *build.FLAGS, *warnings, "-o", str(tmp_path / "lib.so"),

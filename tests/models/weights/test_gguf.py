@@ -119,7 +119,7 @@ def test_quantized_blocks_run_as_their_codes(case: Case) -> None:
     assert all(lin.kernel == "native" for lin in linears)
     assert all(lin.packed.codes.dtype in (torch.int8, torch.uint8) for lin in linears), qtype
     assert isinstance(case.ours.embed, BlockEmbedding)
-    if qtype == "Q6_K":  # the file's codes and d as stored (kind 14), its LM head too
+    if qtype == "Q6_K":  # the file's codes and d as stored (Q6_SUPER_D), its LM head too
         heads = [*linears, case.ours.lm_head]
         assert {lin.packed.format for lin in heads} == {
             WeightFormat.Q6_SUPER_D

@@ -143,7 +143,7 @@ def test_native_decoding_gives_the_numpy_forms_bits(kind: GGML, monkeypatch) -> 
 @pytest.mark.parametrize("rows", [1, 16, 37])
 def test_native_packing_gives_torchs_bytes(rows: int, monkeypatch) -> None:
     """blocks.c's packing lays codes out as the torch reshapes do: a byte each, and two a byte
-    (kinds 4 and 7), rows padded with zeros."""
+    (Q4_F16_DM and Q4_F32_DM), rows padded with zeros."""
     g = torch.Generator().manual_seed(rows)
     wide = torch.randint(-128, 128, (rows, 96), generator=g, dtype=torch.int8)
     narrow = torch.randint(0, 16, (rows, 96), generator=g, dtype=torch.int8)
@@ -180,8 +180,8 @@ def test_q4_k_super_scales_multiply_out_to_d_and_m() -> None:
 @needs_native
 def test_q6_k_factors_multiply_out_to_d() -> None:
     """A Q6_K tensor's codes carry d's factors as the file stores them (d16 * sc is d bit for
-    bit), kept in step by stacking and row permutations, and pack as kind 14 (Q6_SUPER_D) by
-    default; stacked beside Q4_K parts they are dropped (kind 8)."""
+    bit), kept in step by stacking and row permutations, and pack as Q6_SUPER_D by
+    default; stacked beside Q4_K parts they are dropped (Q8_F32_DM_HALVES)."""
     data = random_blocks(GGML.Q6_K, ROWS, COLUMNS, seed=5)
     codes = block_codes(data, GGML.Q6_K, ROWS, COLUMNS)
     f = codes.super_scales

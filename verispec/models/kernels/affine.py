@@ -48,7 +48,7 @@ class SuperScales:
 class Q6Scales:
     """The factors of Q6_K codes' d as the file stores them: d = d16 * sc, exact in float32 (an
     11-bit significand times an 8-bit integer), m = 0, so the kernel rebuilds AffineCodes.d bit
-    for bit from 0.07 bytes a weight instead of 0.25 (kind 14). d16 [N, K/256] float16; sc
+    for bit from 0.07 bytes a weight instead of 0.25 (Q6_SUPER_D). d16 [N, K/256] float16; sc
     [N, K/16] int8."""
 
     d16: torch.Tensor

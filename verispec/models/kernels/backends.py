@@ -39,7 +39,7 @@ CHOICE_VERSION = 1
 """Bumped when the measurement below changes, so cached choices are measured again."""
 
 
-def cpu_model() -> str:
+def cpu_model_name() -> str:
     """The CPU's model name (/proc/cpuinfo), the key a measured kernel choice is cached under.
     Only a cache key: no kernel is ever chosen by what it says."""
     try:
@@ -93,7 +93,7 @@ def float32_fallback() -> str:
     if not onednn_available():
         return "torch"
     path = cache_dir() / "kernels" / "choices.json"
-    key = f"{cpu_model()} | torch {torch.__version__} | v{CHOICE_VERSION} | float32 fallback"
+    key = f"{cpu_model_name()} | torch {torch.__version__} | v{CHOICE_VERSION} | float32 fallback"
     choices = read_cache_json(path)
     if choices.get(key) not in ("torch", "onednn"):
         choices[key] = faster_float32_kernel(_time_float32_kernels())

@@ -39,8 +39,8 @@ class PackedWeight:
 
     Example: pack(w, torch.float16) of a [20, 40] w is PackedWeight(WeightFormat.F16, codes
     [2, 3, 16, 16] float16, None, 20, 40): columns 48 (K padded to 16), bytes 20 * 40 * 2; Q4_1
-    codes [37, 96] through pack_codes are WeightFormat.Q4_F16_DM (linear.c's kind 4), codes
-    [3, 3, 4, 16, 4] int8 (two a byte), scales [3, 3, 2, 16] float16 (d and m), columns 96.
+    codes [37, 96] through pack_codes are WeightFormat.Q4_F16_DM, codes [3, 3, 4, 16, 4] int8
+    (two a byte), scales [3, 3, 2, 16] float16 (d and m), columns 96.
     """
 
     format: WeightFormat
@@ -92,26 +92,25 @@ def _row_blocks(matrix: torch.Tensor, columns: int) -> torch.Tensor:
 def pack_codes(codes: AffineCodes) -> PackedWeight:
     """AffineCodes -> the kernel's codes [N'/16, K'/32, 16, 32] int8 and scales [N'/16, K'/32,
     2, 16] (d then m of the block's 16 rows), N padded with zero rows, in the fewest bytes that
-    hold them (every kind gives the same products; its WeightFormat follows each kind):
+    hold them (each format below gives the same products):
     - every code in 0..15 (GGUF Q4_1, Q4_K blocks): two codes a byte, codes [N'/16, K'/32, 4,
       16, 4] int8, element [b, c, v, l, r] holding the codes of row 16 b + 4 v + r at columns
       32 c + l (low 4 bits) and 32 c + 16 + l (high 4 bits), so that a 32-bit lane l holds
       column l of four rows; with float16 d and m where every d and m is a float16 value (Q4_1),
-      linear.c's kind 4 (0.625 bytes a weight; its decode rows look weights up in a table of
-      16); else, for Q4_K codes that carry their SuperScales, those as stored
-      (`_super_scale_bytes`), kind 12 (0.578 bytes a weight); else float32 d and m, kind 7
-      (0.75 bytes a weight);
+      Q4_F16_DM (0.625 bytes a weight; its decode rows look weights up in a table of 16);
+      else, for Q4_K codes that carry their SuperScales, those as stored
+      (`_super_scale_bytes`), Q4_SUPER_DM (0.578 bytes a weight); else float32 d and m,
+      Q4_F32_DM (0.75 bytes a weight);
     - every m 0 and every d a float16 value (GGUF Q8_0 blocks): float16 d alone, scales
-      [N'/16, K'/32, 1, 16], kind 5 (1.0625 bytes a weight);
-    - else float32 d and m, kind 2;
+      [N'/16, K'/32, 1, 16], Q8_F16_D (1.0625 bytes a weight);
+    - else float32 d and m, Q8_F32_DM;
     - group 16 (GGUF Q6_K, or fused weights with some parts Q6_K): codes a byte each, scales
       [N'/16, K'/32, 2, 2, 16] float32, element [b, c, h, 0 or 1, j] the d or m of row 16 b + j,
-      columns 32 c + 16 h .. 32 c + 16 h + 15, kind 8 (1.5 bytes a weight); where every m is
-      +0, d alone, scales [N'/16, K'/32, 2, 1, 16], kind 9 (1.25 bytes a weight); Q6_K codes
-      that carry their Q6Scales (K a multiple of 256), as the file stores them: 6-bit codes in
-      two planes, d16 and sc (`pack_q6`), kind 14 (0.8203 bytes a weight, kind 9's products).
-    Kind i is WeightFormat(i): 2 Q8_F32_DM, 4 Q4_F16_DM, 5 Q8_F16_D, 7 Q4_F32_DM, 8
-    Q8_F32_DM_HALVES, 9 Q8_F32_D_HALVES, 12 Q4_SUPER_DM, 14 Q6_SUPER_D.
+      columns 32 c + 16 h .. 32 c + 16 h + 15, Q8_F32_DM_HALVES (1.5 bytes a weight); where every m
+      is +0, d alone, scales [N'/16, K'/32, 2, 1, 16], Q8_F32_D_HALVES (1.25 bytes a weight); Q6_K
+      codes that carry their Q6Scales (K a multiple of 256), as the file stores them: 6-bit codes in
+      two planes, d16 and sc (`pack_q6`), Q6_SUPER_D (0.8203 bytes a weight, Q8_F32_D_HALVES's
+      products).
 
     Example: Q4_1 codes 1 at W[5, 0] and 2 at W[5, 16] pack as codes[0, 0, 1, 0, 1] = 0x21
     (row 5 = 4 * 1 + 1), format Q4_F16_DM."""
@@ -145,7 +144,7 @@ def pack_codes(codes: AffineCodes) -> PackedWeight:
 
 
 def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
-    """SuperScales -> linear.c's kinds 12 and 13 scales, uint8 [N'/16, K/256, 320]: for each
+    """SuperScales -> Q4_SUPER_DM and Q4_SUPER_A8 scales, uint8 [N'/16, K/256, 320]: for each
     block of 16 rows and 256 columns, d16 of the 16 rows (float16 bytes), their negmin, then
     for each of its 8 chunks sub_d of the 16 rows and their sub_m (rows past N zero).
     Example: row 17's sub_d of columns 288 .. 319 (block 1, row 1; 256 columns 1, chunk 1) is
@@ -167,11 +166,11 @@ def _super_scale_bytes(factors: SuperScales, blocks: int) -> torch.Tensor:
 
 
 Q6_CHUNK_BYTES = 384
-"""Bytes of kind 14's codes per 16 rows and 32 columns: 256 of low nibbles, 128 of high bits."""
+"""Bytes of Q6_SUPER_D's codes per 16 rows and 32 columns: 256 of low nibbles, 128 of high bits."""
 
 
 def q6_packable(codes: AffineCodes) -> bool:
-    """Whether codes pack as kind 14: Q6_K codes with their Q6Scales (so q in -32..31 and d =
+    """Whether codes pack as Q6_SUPER_D: Q6_K codes with their Q6Scales (so q in -32..31 and d =
     d16 * sc), d per 16 columns, every m +0, K a multiple of 256."""
     return (isinstance(codes.super_scales, Q6Scales) and codes.group == CODE_COLUMNS // 2
             and codes.codes.shape[1] % SUPER_COLUMNS == 0
@@ -179,9 +178,9 @@ def q6_packable(codes: AffineCodes) -> bool:
 
 
 def pack_q6(codes: AffineCodes) -> PackedWeight:
-    """Q6_K codes with their Q6Scales -> linear.c's kind 14, Q6_SUPER_D: codes as `q6_planes`
-    [N'/16, K/32, 384] int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a
-    weight, as the file stores them, where kind 9 takes 1.25 for the same products."""
+    """Q6_K codes with their Q6Scales -> Q6_SUPER_D: codes as `q6_planes` [N'/16, K/32, 384]
+    int8, scales `_q6_scale_bytes` [N'/16, K/256, 288] uint8; 0.8203 bytes a
+    weight, as the file stores them, where Q8_F32_D_HALVES takes 1.25 for the same products."""
     factors = codes.super_scales
     assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
     planes = q6_planes(codes.codes)
@@ -190,12 +189,12 @@ def pack_q6(codes: AffineCodes) -> PackedWeight:
 
 
 def pack_q6_a8(codes: AffineCodes) -> PackedWeight:
-    """Q6_K codes with their Q6Scales -> linear.c's kind 15, Q6_SUPER_A8 (quantization "a8"):
-    kind 14's planes and scales, the planes holding each block's chunk in kind 3's order, so
+    """Q6_K codes with their Q6Scales -> Q6_SUPER_A8 (quantization "a8"):
+    Q6_SUPER_D's planes and scales, the planes holding each block's chunk in Q8_A8's order, so
     that the position p = 64 k + 4 j + e that `q6_planes` gives row j, column l = p % 32 when
     it reads p = 32 j' + l holds instead row j, column 4 k + e (the 16 rows by 4 columns one
     vpdpbusd reads). Example: row 1, column 5 (k = 1, e = 1) is position 64 + 4 + 1 = 69,
-    which kind 14 gives row 2, column 5: so pack_q6_a8 puts it where pack_q6 puts row 2,
+    which Q6_SUPER_D gives row 2, column 5: so pack_q6_a8 puts it where pack_q6 puts row 2,
     column 5. 0.8203 bytes a weight."""
     factors = codes.super_scales
     assert isinstance(factors, Q6Scales) and codes.group == CODE_COLUMNS // 2
@@ -204,7 +203,7 @@ def pack_q6_a8(codes: AffineCodes) -> PackedWeight:
     blocks, chunks = rows // ROWS, k // CODE_COLUMNS
     q = torch.zeros(rows, k, dtype=torch.int8)
     q[:n] = codes.codes
-    # [B, 16 rows j, C, 8 groups k, 4 columns e] -> [B, C, k, j, e]: kind 3's order of a chunk
+    # [B, 16 rows j, C, 8 groups k, 4 columns e] -> [B, C, k, j, e]: Q8_A8's order of a chunk
     order = q.view(blocks, ROWS, chunks, 8, 4).permute(0, 2, 3, 1, 4)
     as_rows = order.reshape(blocks, chunks, ROWS, CODE_COLUMNS).permute(0, 2, 1, 3)
     planes = q6_planes(as_rows.reshape(rows, k))
@@ -212,13 +211,13 @@ def pack_q6_a8(codes: AffineCodes) -> PackedWeight:
 
 
 def q6_planes(q: torch.Tensor) -> torch.Tensor:
-    """Codes q [N, K] int8 in -32..31 (K a multiple of 32) as kind 14's planes [N'/16, K/32,
+    """Codes q [N, K] int8 in -32..31 (K a multiple of 32) as Q6_SUPER_D's planes [N'/16, K/32,
     384] int8, rows past N zero bytes: of u = q + 32 (0..63, the 6-bit value Q6_K stores) for
-    the 512 codes of 16 rows and 32 columns in kind 9's order, p = 32 j + l for row j, column
-    l, bytes 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i and, in their high nibble,
+    the 512 codes of 16 rows and 32 columns in Q8_F32_D_HALVES's order, p = 32 j + l for row j,
+    column l, bytes 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i and, in their high nibble,
     of p = 128 v + 64 + i; bytes 256 + 64 w + i (w < 2) hold u >> 4 of p = 256 w + 64 f + i at
-    bits 2 f, 2 f + 1 (f < 4). So 64 codes of kind 9 are one vector of each plane shifted and
-    masked (linear.c's unpack_q6_avx512). Example: row 2, column 5 (p = 69, u = q + 32 = 0x2B)
+    bits 2 f, 2 f + 1 (f < 4). So 64 codes of Q8_F32_D_HALVES are one vector of each plane shifted
+    and masked (linear.c's unpack_q6_avx512). Example: row 2, column 5 (p = 69, u = q + 32 = 0x2B)
     puts 0xB in the high nibble of byte 5 and 2 at bits 2, 3 of byte 256 + 5. One pass of
     blocks.c where the kernel loaded, else torch's reshapes (the same bytes: tested)."""
     n, k = q.shape
@@ -232,7 +231,8 @@ def q6_planes(q: torch.Tensor) -> torch.Tensor:
     u = torch.zeros(rows, k, dtype=torch.uint8)
     u[:n] = (q.to(torch.int16) + 32).to(torch.uint8)  # wraps as C's uint8_t does
     blocks, chunks = rows // ROWS, k // CODE_COLUMNS
-    o = _row_blocks(u, CODE_COLUMNS).view(blocks, chunks, 8, 64)  # kind 9's bytes, 64 a vector
+    # Q8_F32_D_HALVES's bytes, 64 a vector
+    o = _row_blocks(u, CODE_COLUMNS).view(blocks, chunks, 8, 64)
     low, high = o & 15, (o >> 4) & 3
     nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [B, C, 4, 64]
     fields = high.view(blocks, chunks, 2, 4, 64)
@@ -247,7 +247,7 @@ def q6_planes(q: torch.Tensor) -> torch.Tensor:
 
 
 def _q6_scale_bytes(factors: Q6Scales, blocks: int) -> torch.Tensor:
-    """Q6Scales -> linear.c's kind 14 scales, uint8 [N'/16, K/256, 288]: for each block of 16
+    """Q6Scales -> Q6_SUPER_D scales, uint8 [N'/16, K/256, 288]: for each block of 16
     rows and 256 columns, d16 of the 16 rows (float16 bytes), then for each of its 16 groups of
     16 columns sc of the 16 rows (rows past N zero). Example: row 17's sc of columns 272 ..
     287 (block 1, row 1; 256 columns 1, group 1) is byte [1, 1, 32 + 16 * 1 + 1]."""
@@ -292,8 +292,8 @@ def packed_code_bytes(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
 def _codes_and_scales(
     codes: AffineCodes, nibbles: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """pack_codes' codes (two a byte with nibbles) and its scales as float32 d and m: kind 2's,
-    or for group 16 kind 8's [N'/16, K'/32, 2, 2, 16]."""
+    """pack_codes' codes (two a byte with nibbles) and its scales as float32 d and m: Q8_F32_DM's,
+    or for group 16 Q8_F32_DM_HALVES's [N'/16, K'/32, 2, 2, 16]."""
     assert codes.group in (CODE_COLUMNS, CODE_COLUMNS // 2), codes.group
     n, k = codes.codes.shape
     rows = _padded(n)
@@ -309,30 +309,30 @@ def _codes_and_scales(
 
 
 def a8_packable(codes: AffineCodes) -> bool:
-    """Whether codes have an a8 kind's form: one d and m per 32 columns (GGUF Q4_0, Q4_1, Q5_0,
-    Q5_1, Q8_0, Q4_K, Q5_K), or Q6_K codes with their Q6Scales (`q6_packable`, kind 15);
+    """Whether codes have an a8 format's form: one d and m per 32 columns (GGUF Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q4_K, Q5_K), or Q6_K codes with their Q6Scales (`q6_packable`, Q6_SUPER_A8);
     `pack_codes_a8` refuses the others (d and m per 16 columns without Q6_K's factors)."""
     return codes.group == CODE_COLUMNS or q6_packable(codes)
 
 
 def pack_codes_a8(codes: AffineCodes) -> PackedWeight:
-    """AffineCodes -> linear.c's kind 3 (Q8_A8), whose products round x to 8-bit blocks
-    (quantization "a8"): codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e]
-    the code of W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd
+    """AffineCodes -> Q8_A8, whose products round x to 8-bit blocks (quantization "a8"):
+    codes + 128 as uint8 [N'/16, K'/32, 8, 16, 4], element [b, c, k, j, e] the code of
+    W[16 b + j, 32 c + 4 k + e] (4 columns of 16 rows per 64 bytes, as vpdpbusd
     reads them); scales d and m as `pack_codes` lays them out, in float16, which holds every d
     and m exactly (affine_codes takes them from float16, as GGUF stores them): 1.125 bytes a
     weight instead of 1.25. Example: a Q8_0 code -3 is stored as 125.
-    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, kind 6 (Q4_A8): uint8
+    Codes all in 0..15 (GGUF Q4_1 blocks) go two a byte as themselves, Q4_A8: uint8
     [N'/16, K'/32, 4, 16, 4], element [b, c, k, j, e] = the code of W[16 b + j, 32 c + 4 k + e]
     | that of W[16 b + j, 32 c + 16 + 4 k + e] << 4 (0.625 bytes a weight).
     Where some d or m is no float16 value (GGUF Q4_K, Q5_K: products of a float16 and a 6-bit
-    scale) the scales stay float32, kinds 10 (Q4_F32_A8: 4-bit codes, 0.75 bytes a weight) and
-    11 (Q8_F32_A8: 8-bit, 1.25): the same operations on the same values as kinds 6 and 3; Q4_K
-    codes that carry their SuperScales keep them as stored, kind 13 (Q4_SUPER_A8: 0.578 bytes a
-    weight, kind 10's products).
-    Q6_K codes that carry their Q6Scales go as the file stores them, in kind 3's order
-    (`pack_q6_a8`, kind 15: Q6_SUPER_A8, 0.8203 bytes a weight).
-    Raises ValueError for other codes whose d and m change every 16 columns: the other a8 kinds
+    scale) the scales stay float32, Q4_F32_A8 (4-bit codes, 0.75 bytes a weight) and
+    Q8_F32_A8 (8-bit, 1.25): the same operations on the same values as Q4_A8 and Q8_A8; Q4_K
+    codes that carry their SuperScales keep them as stored, Q4_SUPER_A8 (0.578 bytes a
+    weight, Q4_F32_A8's products).
+    Q6_K codes that carry their Q6Scales go as the file stores them, in Q8_A8's order
+    (`pack_q6_a8`, Q6_SUPER_A8: 0.8203 bytes a weight).
+    Raises ValueError for other codes whose d and m change every 16 columns: the other a8 formats
     store one d and m per 32 columns."""
     if q6_packable(codes):
         return pack_q6_a8(codes)

@@ -61,18 +61,18 @@ def product_on(
 @torch.library.custom_op("verispec::native_linear", mutates_args=())
 def native_linear_op(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
-    weight_format: int, out_features: int, in_features: int,
+    format: int, out_features: int, in_features: int,
 ) -> torch.Tensor:
     """`product` as an operator torch.compile can place in a graph: the PackedWeight's fields,
     its format as WeightFormat's int."""
-    packed = PackedWeight(WeightFormat(weight_format), codes, scales, out_features, in_features)
+    packed = PackedWeight(WeightFormat(format), codes, scales, out_features, in_features)
     return product_on(loaded(), x, packed, bias)
 
 
 @native_linear_op.register_fake
 def _fake(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
-    weight_format: int, out_features: int, in_features: int,
+    format: int, out_features: int, in_features: int,
 ) -> torch.Tensor:
     """The operator's output shape, for the compiler's tracing."""
     return x.new_empty(x.shape[0], out_features)

@@ -16,7 +16,7 @@ from verispec.models.kernels.affine import AffineCodes, dequantize_codes
 QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8", "w4a8")
 ACTIVATION_QUANTIZATIONS = ("a8", "w8a8", "w4a8")
 """Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
-computes GGUF models (native kernel, linear.c kind 3): "a8" for weights stored as codes (GGUF
+computes GGUF models (native kernel, Q8_A8): "a8" for weights stored as codes (GGUF
 Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first, "w4a8" to 4-bit codes (Q4_1's
 form: `round_to_q4_1`), which a draft model may take to stream half the bytes. Rows are rounded
 on their own, so a verify row still equals the decode step of the same input bit for bit."""
@@ -100,7 +100,7 @@ def round_to_q4_1(weight: torch.Tensor | AffineCodes) -> AffineCodes:
     """Each 32-value block of a row as GGUF's Q4_1 stores it: m = its minimum and d = (max - m)
     / 15, both rounded to float16, q = round((w - m) / d) clamped to 0..15 (0 where d is 0);
     w ~= d q + m. The native kernel streams these codes two a byte with float16 d and m (linear.c
-    kind 6 under "w4a8": 0.625 bytes a value). weight may be codes (a GGUF file's), dequantized
+    Q4_A8 under "w4a8": 0.625 bytes a value). weight may be codes (a GGUF file's), dequantized
     a few rows at a time. ValueError unless K is a multiple of 32.
     Example: a block [0.0, 1.5, 3.0, 0.75, then 28 zeros] -> m 0, d 0.2 (float16
     0.199951171875), q [0, 8, 15, 4, 0, ...] (1.5 / d = 7.50 rounds to 8)."""
@@ -132,7 +132,7 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
 
     The native kernel then streams the rounded weight as 8-bit codes with float16 d, 1.0625
     bytes a value (affine.affine_codes recognises the form, packing.pack_codes stores it as
-    kind 5); other kernels compute with the rounded float values. Example: a block [0.5, -1.0,
+    Q8_F16_D); other kernels compute with the rounded float values. Example: a block [0.5, -1.0,
     0.25, 0, ...] -> d = fp16(1 / 127) = 0.0078735..., q [64, -127, 32, 0, ...] (0.5 / d =
     63.5047 rounds to 64), values [0.50390625, -0.99993896484375, 0.251953125, 0, ...].
     """

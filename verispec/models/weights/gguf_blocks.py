@@ -132,7 +132,7 @@ def block_codes(data: np.ndarray, kind: GGML, rows: int, columns: int) -> Affine
                                                d.ctypes.data, m.ctypes.data,
                                                torch.get_num_threads())  # fmt: skip
         assert done == 0, kind  # every CODED_TYPES member is one of blocks.c's types
-        factors = None  # d's (and m's) factors as stored: kinds 12 and 14
+        factors = None  # d's (and m's) factors as stored: Q4_SUPER_DM and Q6_SUPER_D
         if kind == GGML.Q4_K:
             factors = _q4_k_factors(kernel, data, rows, columns)
         elif kind == GGML.Q6_K:

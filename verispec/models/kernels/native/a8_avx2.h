@@ -1,5 +1,6 @@
-/* The 8-bit products ("a8": kinds 3, 6, 10, 11, 13 and 15) on 256-bit vectors, for CPUs without
- * AVX-512 VNNI. linear.c includes this file once per integer dot product, with defined
+/* The 8-bit products ("a8": Q8_A8, Q4_A8, Q4_F32_A8, Q8_F32_A8, Q4_SUPER_A8 and Q6_SUPER_A8) on
+ * 256-bit vectors, for CPUs without AVX-512 VNNI. linear.c includes this file once per integer dot
+ * product, with defined
  *   A8_DOT     VERISPEC_DOT_MADDUBS (AVX2's vpmaddubsw, then vpmaddwd) or VERISPEC_DOT_AVX_VNNI
  *              (vpdpbusd in its VEX form)
  *   A8_TARGET  the instruction sets of that instance (a function attribute)
@@ -8,10 +9,10 @@
  * sizes). It undefines the three at its end.
  *
  * Same integers, same floats: per output and chunk the integer sum is tile_a8_vnni's (sums of
- * integers are exact in any order), then the very operations of add_chunk (tile_q6_a8 for kind
- * 15) lane by lane, so every row's bits are those of the AVX-512 VNNI path and of the scalar
- * loop. A 64-byte vector of codes holds 4 columns of a block's 16 weight rows (kind 3's order):
- * its first 32 bytes rows 0-7, the next rows 8-15, the two "halves" a tile goes through in
+ * integers are exact in any order), then the very operations of add_chunk (tile_q6_a8 for
+ * Q6_SUPER_A8) lane by lane, so every row's bits are those of the AVX-512 VNNI path and of the
+ * scalar loop. A 64-byte vector of codes holds 4 columns of a block's 16 weight rows (Q8_A8's
+ * order): its first 32 bytes rows 0-7, the next rows 8-15, the two "halves" a tile goes through in
  * turn; lane j of a half holds row j's 4 columns, which meet 4 codes of x broadcast.
  *
  * vpmaddubsw multiplies unsigned bytes by signed ones and adds pairs into 16 bits, saturating,
@@ -24,23 +25,25 @@
  * vpdpbusd (AVX-VNNI) adds 4 products of unsigned and signed bytes into 32 bits without
  * saturating: it takes the codes as stored, started where the AVX-512 VNNI tiles start. */
 
-#define A8_NIB(kind) ((kind) == VERISPEC_Q4_A8 || (kind) == VERISPEC_Q4_F32_A8 || \
-                      (kind) == VERISPEC_Q4_SUPER_A8)
-#define A8_Q6(kind) ((kind) == VERISPEC_Q6_SUPER_A8)
+#define A8_NIB(format)                                                                   \
+  ((format) == VERISPEC_Q4_A8 || (format) == VERISPEC_Q4_F32_A8 ||                          \
+   (format) == VERISPEC_Q4_SUPER_A8)
+#define A8_Q6(format) ((format) == VERISPEC_Q6_SUPER_A8)
 /* bytes of a chunk's codes and of its scales as stored */
-#define A8_CHUNK_BYTES(kind) (A8_Q6(kind) ? Q6_CHUNK_BYTES : A8_NIB(kind) ? R * QC / 2 : R * QC)
-#define A8_LINE(kind)                                                                        \
-  ((kind) == VERISPEC_Q4_SUPER_A8 ? SUPER_BYTES / SUPER_CHUNKS                               \
-   : A8_Q6(kind)                  ? Q6_SUPER_BYTES / SUPER_CHUNKS                            \
-   : (kind) == VERISPEC_Q4_F32_A8 || (kind) == VERISPEC_Q8_F32_A8 ? 2 * R * 4 : 2 * R * 2)
+#define A8_CHUNK_BYTES(format)                                                           \
+  (A8_Q6(format) ? Q6_CHUNK_BYTES : A8_NIB(format) ? R * QC / 2 : R * QC)
+#define A8_LINE(format)                                                                  \
+  ((format) == VERISPEC_Q4_SUPER_A8 ? SUPER_BYTES / SUPER_CHUNKS                         \
+   : A8_Q6(format)                  ? Q6_SUPER_BYTES / SUPER_CHUNKS                      \
+   : (format) == VERISPEC_Q4_F32_A8 || (format) == VERISPEC_Q8_F32_A8 ? 2 * R * 4 : 2 * R * 2)
 
 /* Half h of chunk `chunk`'s codes as 8 vectors (w[k]: columns 4 k .. 4 k + 3 of rows 8 h ..
- * 8 h + 7): kind 3's bytes as stored; kind 6's, whose vector k < 4 holds vector k in its low
- * 4 bits and k + 4 in its high 4; kind 15's u = q + 32 from its planes, as q6_vectors. */
+ * 8 h + 7): Q8_A8's bytes as stored; Q4_A8's, whose vector k < 4 holds vector k in its low
+ * 4 bits and k + 4 in its high 4; Q6_SUPER_A8's u = q + 32 from its planes, as q6_vectors. */
 A8_TARGET INLINE void A8(half_codes)(const uint8_t *chunk, const int h, __m256i *w,
-                                    const WeightFormat kind) {
+                                    const WeightFormat format) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  if (A8_Q6(kind)) {
+  if (A8_Q6(format)) {
     const __m256i high = _mm256_set1_epi8(0x30);
     const __m256i h0 = _mm256_loadu_si256((const __m256i *)(chunk + 4 * 64 + 32 * h));
     const __m256i h1 = _mm256_loadu_si256((const __m256i *)(chunk + 5 * 64 + 32 * h));
@@ -56,7 +59,7 @@ A8_TARGET INLINE void A8(half_codes)(const uint8_t *chunk, const int h, __m256i 
         w[k] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(two, high));
       }
     }
-  } else if (A8_NIB(kind)) {
+  } else if (A8_NIB(format)) {
     _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
       const __m256i v = _mm256_loadu_si256((const __m256i *)(chunk + 64 * k + 32 * h));
       w[k] = _mm256_and_si256(v, low);
@@ -68,13 +71,13 @@ A8_TARGET INLINE void A8(half_codes)(const uint8_t *chunk, const int h, __m256i 
   }
 }
 
-/* Half h of chunk c's scales as float32, lane j for row 8 h + j: d and m (kinds 3, 6: float16;
- * 10, 11: float32; 13: d16 sc and (-dmin) mn, super_dm's products), or kind 15's d of the
- * chunk's first and last 16 columns (q6_d's products) in d and m. */
+/* Half h of chunk c's scales as float32, lane j for row 8 h + j: d and m (Q8_A8, Q4_A8: float16;
+ * Q4_F32_A8, Q8_F32_A8: float32; Q4_SUPER_A8: d16 sc and (-dmin) mn, super_dm's products), or
+ * Q6_SUPER_A8's d of the chunk's first and last 16 columns (q6_d's products) in d and m. */
 A8_TARGET INLINE void A8(half_scales)(const char *sb, int64_t c, const int h, __m256 *d,
-                                     __m256 *m, const WeightFormat kind) {
-  if (kind == VERISPEC_Q4_SUPER_A8 || A8_Q6(kind)) {
-    const int q6 = A8_Q6(kind);
+                                     __m256 *m, const WeightFormat format) {
+  if (format == VERISPEC_Q4_SUPER_A8 || A8_Q6(format)) {
+    const int q6 = A8_Q6(format);
     const int64_t super_bytes = q6 ? Q6_SUPER_BYTES : SUPER_BYTES;
     const uint8_t *s = (const uint8_t *)sb + (c / SUPER_CHUNKS) * super_bytes;
     const uint8_t *sub = s + (q6 ? 2 : 4) * R + (c % SUPER_CHUNKS) * 2 * R + 8 * h;
@@ -87,7 +90,7 @@ A8_TARGET INLINE void A8(half_scales)(const char *sb, int64_t c, const int h, __
                                                    : _mm256_cvtepu8_epi32(a)));
     *m = _mm256_mul_ps(second, _mm256_cvtepi32_ps(q6 ? _mm256_cvtepi8_epi32(b)
                                                         : _mm256_cvtepu8_epi32(b)));
-  } else if (kind == VERISPEC_Q4_F32_A8 || kind == VERISPEC_Q8_F32_A8) {
+  } else if (format == VERISPEC_Q4_F32_A8 || format == VERISPEC_Q8_F32_A8) {
     *d = _mm256_loadu_ps((const float *)sb + c * 2 * R + 8 * h);
     *m = _mm256_loadu_ps((const float *)sb + c * 2 * R + R + 8 * h);
   } else {
@@ -125,13 +128,13 @@ A8_TARGET INLINE __m256i A8(dot)(__m256i start, const __m256i *w, const int8_t *
  * ops: the half's codes prepared once for all rows of a tile (maddubs and 8-bit codes: |w| in
  * ops[0 .. 7] and w = u ^ 0x80 in ops[8 .. 15]; else the codes themselves). */
 A8_TARGET INLINE __m256i A8(row_sum)(const __m256i *ops, const int8_t *q, int32_t corr,
-                                    const WeightFormat kind) {
+                                    const WeightFormat format) {
 #if A8_DOT == VERISPEC_DOT_AVX_VNNI
-  return A8(dot)(_mm256_set1_epi32(A8_NIB(kind) ? 0 : corr), ops, q, 0, 8);
+  return A8(dot)(_mm256_set1_epi32(A8_NIB(format) ? 0 : corr), ops, q, 0, 8);
 #else
   (void)corr; /* w = u - 128 sums to the corrected integer itself */
   const __m256i ones = _mm256_set1_epi16(1);
-  if (A8_NIB(kind)) { /* 16 products of 4-bit codes a 16-bit lane: at most 30480 */
+  if (A8_NIB(format)) { /* 16 products of 4-bit codes a 16-bit lane: at most 30480 */
     __m256i s = _mm256_maddubs_epi16(ops[0], A8(codes4)(q, 0));
     _Pragma("GCC unroll 7") for (int k = 1; k < 8; k++)
       s = _mm256_add_epi16(s, _mm256_maddubs_epi16(ops[k], A8(codes4)(q, k)));
@@ -148,7 +151,7 @@ A8_TARGET INLINE __m256i A8(row_sum)(const __m256i *ops, const int8_t *q, int32_
 #endif
 }
 
-/* Kind 15's two sums of a row over half a chunk: columns 0-15 started at -32 times the sum of
+/* Q6_SUPER_A8's two sums of a row over half a chunk: columns 0-15 started at -32 times the sum of
  * the row's first 16 codes (half), columns 16-31 at -32 times the rest's (the planes hold
  * q + 32), as tile_q6_a8's. */
 A8_TARGET INLINE void A8(q6_sums)(const __m256i *w, const int8_t *q, int32_t half, int32_t rest,
@@ -171,14 +174,14 @@ A8_TARGET INLINE void A8(q6_sums)(const __m256i *w, const int8_t *q, int32_t hal
 
 /* Rows t0 .. t0 + TN - 1 of x (TN <= 8) against the 16 weight rows of the block at cb (scales
  * at sb, as stored): per chunk, each half's codes prepared once, then each row's integer sum and
- * add_chunk's two fmas (kind 15: tile_q6_a8's). next, when not NULL, is the next block, whose
+ * add_chunk's two fmas (Q6_SUPER_A8: tile_q6_a8's). next, when not NULL, is the next block, whose
  * chunk c is asked for into L2 while chunk c computes. */
 A8_TARGET INLINE void A8(tile)(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
-                              const char *next_scales, const WeightFormat kind) {
-  const int64_t C = K / QC, chunk_bytes = A8_CHUNK_BYTES(kind), line = A8_LINE(kind);
-  const int bytes = !A8_NIB(kind) && !A8_Q6(kind) && A8_DOT == VERISPEC_DOT_MADDUBS;
+                              const char *next_scales, const WeightFormat format) {
+  const int64_t C = K / QC, chunk_bytes = A8_CHUNK_BYTES(format), line = A8_LINE(format);
+  const int bytes = !A8_NIB(format) && !A8_Q6(format) && A8_DOT == VERISPEC_DOT_MADDUBS;
   __m256 acc[8][2];
   _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t c = 0; c < C; c++) {
@@ -190,25 +193,25 @@ A8_TARGET INLINE void A8(tile)(const RoundedRows r, const uint8_t *cb, const cha
     const int64_t tc = at(r, t0, c); /* the tile's rows of chunk c: tc, tc + 1, ... */
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
       __m256i ops[16];
-      A8(half_codes)(cb + c * chunk_bytes, h, ops, kind);
+      A8(half_codes)(cb + c * chunk_bytes, h, ops, format);
       if (bytes)
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
           ops[8 + k] = _mm256_xor_si256(ops[k], _mm256_set1_epi8((char)0x80));
           ops[k] = _mm256_abs_epi8(ops[8 + k]);
         }
       __m256 d, m;
-      A8(half_scales)(sb, c, h, &d, &m, kind);
+      A8(half_scales)(sb, c, h, &d, &m, format);
       _Pragma("GCC unroll 8") for (int i = 0; i < TN; i++) {
         const int8_t *q = r.q + (tc + i) * QC;
         const __m256 dx = _mm256_set1_ps(r.dx[tc + i]);
-        if (A8_Q6(kind)) {
+        if (A8_Q6(format)) {
           const int32_t half = r.half[tc + i], rest = -r.corr[tc + i] / 128 - half;
           __m256i lo, hi;
           A8(q6_sums)(ops, q, half, rest, &lo, &hi);
           acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(lo), acc[i][h]);
           acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(dx, m), _mm256_cvtepi32_ps(hi), acc[i][h]);
         } else {
-          const __m256i sum = A8(row_sum)(ops, q, r.corr[tc + i], kind);
+          const __m256i sum = A8(row_sum)(ops, q, r.corr[tc + i], format);
           acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(sum), acc[i][h]);
           acc[i][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(r.mx[tc + i]), acc[i][h]);
         }
@@ -226,16 +229,16 @@ A8_TARGET INLINE void A8(tile)(const RoundedRows r, const uint8_t *cb, const cha
 }
 
 #define A8_AVX2_TILE(TN) \
-  A8(tile)(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, kind)
+  A8(tile)(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, format)
 
 /* Block b of a product against all T rows: tiles of 8 rows (8 rows stream a block once), then
  * at most one of 4 and one of 1-3, as a8_block; the first asks for the next block
  * (schedule(static) gives a thread consecutive blocks) while it and the others compute. */
 A8_TARGET INLINE void A8(block)(const RoundedRows r, const uint8_t *codes, const char *scales,
                                const float *bias, float *y, int64_t T, int64_t N, int64_t K,
-                               int64_t ldy, int64_t b, const WeightFormat kind) {
+                               int64_t ldy, int64_t b, const WeightFormat format) {
   const int64_t blocks = (N + R - 1) / R, C = K / QC;
-  const int64_t block_bytes = C * A8_CHUNK_BYTES(kind), scale_bytes = C * A8_LINE(kind);
+  const int64_t block_bytes = C * A8_CHUNK_BYTES(format), scale_bytes = C * A8_LINE(format);
   const uint8_t *cb = codes + b * block_bytes;
   const char *sb = scales + b * scale_bytes;
   const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
@@ -255,37 +258,42 @@ A8_TARGET INLINE void A8(block)(const RoundedRows r, const uint8_t *codes, const
   }
 }
 
-/* One OpenMP loop over the blocks per kind, so that the kind is a constant in the loop's body
+/* One OpenMP loop over the blocks per format, so that the format is a constant in the loop's body
  * (see Q8_ENTRY). */
-#define A8_AVX2_ENTRY(KIND)                                                                  \
-  A8_TARGET static void A8(kind##KIND)(const RoundedRows r, const uint8_t *codes,             \
-                                       const char *scales, const float *bias, float *y,       \
-                                       int64_t T, int64_t N, int64_t K, int64_t ldy,          \
-                                       int threads) {                                         \
-    const int64_t blocks = (N + R - 1) / R;                                                   \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
-    for (int64_t b = 0; b < blocks; b++)                                                      \
-      A8(block)(r, codes, scales, bias, y, T, N, K, ldy, b, KIND);                            \
+#define A8_AVX2_ENTRY(FORMAT)                                                                \
+  A8_TARGET static void A8(blocks_##FORMAT)(const RoundedRows r, const uint8_t *codes,       \
+                                            const char *scales, const float *bias, float *y, \
+                                            int64_t T, int64_t N, int64_t K, int64_t ldy,    \
+                                            int threads) {                                   \
+    const int64_t blocks = (N + R - 1) / R;                                                 \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+    for (int64_t b = 0; b < blocks; b++)                                                    \
+      A8(block)(r, codes, scales, bias, y, T, N, K, ldy, b, VERISPEC_##FORMAT);             \
   }
 
-A8_AVX2_ENTRY(3)
-A8_AVX2_ENTRY(6)
-A8_AVX2_ENTRY(10)
-A8_AVX2_ENTRY(11)
-A8_AVX2_ENTRY(13)
-A8_AVX2_ENTRY(15)
+A8_AVX2_ENTRY(Q8_A8)
+A8_AVX2_ENTRY(Q4_A8)
+A8_AVX2_ENTRY(Q4_F32_A8)
+A8_AVX2_ENTRY(Q8_F32_A8)
+A8_AVX2_ENTRY(Q4_SUPER_A8)
+A8_AVX2_ENTRY(Q6_SUPER_A8)
 
-/* An a8 product of weight format `kind` over rounded rows r. */
-static void A8(linear)(const WeightFormat kind, const RoundedRows r, const uint8_t *codes,
+/* An a8 product of weight format `format` over rounded rows r. */
+static void A8(linear)(const WeightFormat format, const RoundedRows r, const uint8_t *codes,
                        const char *scales, const float *bias, float *y, int64_t T, int64_t N,
                        int64_t K, int64_t ldy, int threads) {
-  switch (kind) {
-    case VERISPEC_Q8_A8: A8(kind3)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
-    case VERISPEC_Q4_A8: A8(kind6)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
-    case VERISPEC_Q4_F32_A8: A8(kind10)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
-    case VERISPEC_Q8_F32_A8: A8(kind11)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
-    case VERISPEC_Q4_SUPER_A8: A8(kind13)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
-    default: A8(kind15)(r, codes, scales, bias, y, T, N, K, ldy, threads); break;
+  switch (format) {
+#define A8_CASE(FORMAT)                                                                      \
+  case VERISPEC_##FORMAT:                                                                    \
+    A8(blocks_##FORMAT)(r, codes, scales, bias, y, T, N, K, ldy, threads);                   \
+    break
+    A8_CASE(Q8_A8);
+    A8_CASE(Q4_A8);
+    A8_CASE(Q4_F32_A8);
+    A8_CASE(Q8_F32_A8);
+    A8_CASE(Q4_SUPER_A8);
+    default: A8_CASE(Q6_SUPER_A8);
+#undef A8_CASE
   }
 }
 

@@ -10,24 +10,24 @@
  * verispec_pack_codes: codes q [N][K] (K a multiple of 32) -> the kernel's codes layout, N
  * padded with zero rows to a multiple of 16: a byte each, out[b][c][j][l] = q[16 b + j][32 c +
  * l]; or, codes in 0..15, two a byte, out[b][c][v][l][r] = q[16 b + 4 v + r][32 c + l] |
- * q[16 b + 4 v + r][32 c + 16 + l] << 4 (linear.c's kinds 4 and 7).
+ * q[16 b + 4 v + r][32 c + 16 + l] << 4 (Q4_F16_DM and Q4_F32_DM).
  *
  * verispec_q4_k_super: n Q4_K super-blocks -> the factors of their d and m as the file stores
- * them (linear.c's kinds 12 and 13): d16 and -dmin (float16 bits) per super-block, the 6-bit
+ * them (Q4_SUPER_DM and Q4_SUPER_A8): d16 and -dmin (float16 bits) per super-block, the 6-bit
  * sc and mn of its 8 groups (d = d16 sc, m = -dmin mn: verispec_block_codes' d and m).
  *
  * verispec_q6_k_super: n Q6_K super-blocks -> the factors of their d as the file stores them
- * (linear.c's kind 14): d16 (float16 bits) per super-block, the int8 sc of its 16 groups of 16
+ * (Q6_SUPER_D): d16 (float16 bits) per super-block, the int8 sc of its 16 groups of 16
  * (d = d16 sc: verispec_block_codes' d; m = 0).
  *
- * verispec_pack_q6: Q6_K codes q [N][K] (K a multiple of 32, q in -32..31) -> kind 14's codes
+ * verispec_pack_q6: Q6_K codes q [N][K] (K a multiple of 32, q in -32..31) -> Q6_SUPER_D's codes
  * layout, N padded with rows of zero bytes to a multiple of 16: per block b of 16 rows and
  * chunk c of 32 columns, 384 bytes, of u = q + 32 (0..63, the file's own 6-bit value) of the
- * chunk's 512 codes in kind 9's order, p = 32 j + l for row 16 b + j, column 32 c + l: bytes
- * 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i (low nibble) and p = 128 v + 64 + i
+ * chunk's 512 codes in Q8_F32_D_HALVES's order, p = 32 j + l for row 16 b + j, column 32 c + l:
+ * bytes 64 v + i (v < 4, i < 64) hold u & 15 of p = 128 v + i (low nibble) and p = 128 v + 64 + i
  * (high nibble); bytes 256 + 64 w + i (w < 2) hold u >> 4 of p = 256 w + 64 f + i at bits
- * 2 f, 2 f + 1 (f < 4). So 64 bytes of kind 9's codes are one vector of each plane, shifted
- * and masked (native_linear.q6_planes is the torch form).
+ * 2 f, 2 f + 1 (f < 4). So 64 bytes of Q8_F32_D_HALVES's codes are one vector of each plane,
+ * shifted and masked (native_linear.q6_planes is the torch form).
  */
 #include <stdint.h>
 #include <string.h>

@@ -234,40 +234,43 @@ KERNEL(AVX2, linear_f16_avx2, block_f16_avx2, uint16_t)
 #define MODE_NIB(mode) ((mode) == 1 || (mode) == 3 || (mode) == 6) /* two codes a byte */
 /* scales stored otherwise than as float32 d and m, converted once a block */
 #define MODE_WIDEN(mode) ((mode) == 1 || (mode) == 2 || (mode) == 6 || (mode) == 7)
-/* The tiles' scale layout (g16): 0 = d and m each 32 columns, [C][2][16]; 1 = kind 8's d and m
- * each 16 columns, [C][4][16]; 2 = kind 9's d alone each 16 columns, [C][2][16], m = 0. */
+/* The tiles' scale layout (g16): 0 = d and m each 32 columns, [C][2][16]; 1 = Q8_F32_DM_HALVES's d
+ * and m each 16 columns, [C][4][16]; 2 = Q8_F32_D_HALVES's d alone each 16 columns, [C][2][16], m =
+ * 0. */
 #define MODE_G16(mode) ((mode) == 4 ? 1 : (mode) == 5 || (mode) == 7 ? 2 : 0)
 #define SCALE_STRIDE(g16) ((g16) == 1 ? 4 * R : 2 * R) /* floats a chunk */
 #define SCALE_HIGH(g16) ((g16) == 1 ? 2 * R : (g16) == 2 ? R : 0) /* the last 16 columns' d */
 
-/* Kind 4 is kind 2 with every code in 0..15 (GGUF Q4_1 blocks), two codes a byte, and d, m
+/* Q4_F16_DM is Q8_F32_DM with every code in 0..15 (GGUF Q4_1 blocks), two codes a byte, and d, m
  * stored as float16 (GGUF's own, so exactly): 0.625 bytes a weight instead of 1.25. A chunk's
  * 16 rows are 4 vectors of 16 32-bit lanes: lane l of vector v holds 8 codes, columns l and
  * 16 + l of rows 4 v .. 4 v + 3, row 4 v + r's in bits 8 r .. 8 r + 3 (column l) and 8 r + 4
  * .. 8 r + 7 (column 16 + l). So one shift puts any 16 codes of a row in the lanes' low bits,
  * where vpermps reads its index: codes[b][c][v][l][r] = q(16 b + 4 v + r, 32 c + l) | q(16 b +
- * 4 v + r, 32 c + 16 + l) << 4. Kind 5 is kind 2 with every m
+ * 4 v + r, 32 c + 16 + l) << 4. Q8_F16_D is Q8_F32_DM with every m
  * 0 (GGUF Q8_0 blocks) and only d stored, as float16: 1.0625 bytes a weight. Their weights are
  * the same values, built by the same fma(d, q, m) from the same d and m (converted to float32
- * once a block, 0 for kind 5's m), so every product gives kind 2's bits. With 4-bit codes a
+ * once a block, 0 for Q8_F16_D's m), so every product gives Q8_F32_DM's bits. With 4-bit codes a
  * tile of one or two rows looks each weight up in a table of the 16 a chunk's row can take
  * (lut16) instead of converting its code; in larger tiles the rows share each conversion and
- * the table does not pay. SmolLM2 float32 (kind 4 layers) against kind 2 in one process, 256
+ * the table does not pay. SmolLM2 float32 (Q4_F16_DM layers) against Q8_F32_DM in one process, 256
  * cached tokens: decode 0.73, 2 rows 0.82, 4 rows 0.83, 8 rows 0.88 of the time. */
 
 /* GGUF K-quants: their d and m are products of float16 values (Q4_K: d16 * scale, -dmin16 *
- * min), not float16 values themselves. Kind 7 is kind 4's codes with kind 2's float32 scales
- * (GGUF Q4_K: 0.75 bytes a weight). Kind 8 is kind 2's codes with float32 d and m for each 16
- * columns (GGUF Q6_K's sub-blocks): scales[b][c][2 h][j] = d and scales[b][c][2 h + 1][j] = m
- * of row 16 b + j's columns 32 c + 16 h .. 32 c + 16 h + 15 (1.5 bytes a weight); kind 9 is
- * kind 8 with every m 0 and only d stored, scales[b][c][h][j] (1.25 bytes a weight). Each is
- * computed by the very operations of kind 2 (kind 9's m a zero vector), so kind 7 gives kind
- * 2's bits, kind 8 too where a chunk's two halves share d and m, and kind 9 kind 8's with m 0. */
+ * min), not float16 values themselves. Q4_F32_DM is Q4_F16_DM's codes with Q8_F32_DM's float32
+ * scales (GGUF Q4_K: 0.75 bytes a weight). Q8_F32_DM_HALVES is Q8_F32_DM's codes with float32 d and
+ * m for each 16 columns (GGUF Q6_K's sub-blocks): scales[b][c][2 h][j] = d and scales[b][c][2 h +
+ * 1][j] = m of row 16 b + j's columns 32 c + 16 h .. 32 c + 16 h + 15 (1.5 bytes a weight);
+ * Q8_F32_D_HALVES is Q8_F32_DM_HALVES with every m 0 and only d stored, scales[b][c][h][j] (1.25
+ * bytes a weight). Each is computed by the very operations of Q8_F32_DM (Q8_F32_D_HALVES's m a zero
+ * vector), so Q4_F32_DM gives Q8_F32_DM's bits, Q8_F32_DM_HALVES too where a chunk's two halves
+ * share d and m, and Q8_F32_D_HALVES Q8_F32_DM_HALVES's with m 0. */
 
 /* The codes of columns 16 h .. 16 h + 15 of row g + j of the chunk at qc (g a multiple of 4), in
- * 32-bit lanes: kind 2's and 5's bytes widened; kind 4's (nib) in the lanes' low 4 bits, above
- * them other codes. Kind 4's row 4 v + r is the vector's byte r (a byte shift, which runs beside
- * the multiply-adds), its high halves the vector shifted by 4 bits once for its 4 rows. */
+ * 32-bit lanes: Q8_F32_DM's and Q8_F16_D's bytes widened; Q4_F16_DM's (nib) in the lanes' low 4
+ * bits, above them other codes. Q4_F16_DM's row 4 v + r is the vector's byte r (a byte shift,
+ * which runs beside the multiply-adds), its high halves the vector shifted by 4 bits once for its
+ * 4 rows. */
 AVX512 INLINE __m512i codes16(const int8_t *qc, const int g, const int j, const int h,
                               const int nib) {
   if (!nib)
@@ -293,15 +296,16 @@ AVX512 INLINE __m512 lut16(const __m512i q, __m512 table) {
   return _mm512_permutexvar_ps(q, table);
 }
 
-#define Q6_CHUNK_BYTES (R * QC * 3 / 4) /* kind 14's codes a chunk (see widen_q6) */
+#define Q6_CHUNK_BYTES (R * QC * 3 / 4) /* Q6_SUPER_D's codes a chunk (see widen_q6) */
 AVX512 INLINE void unpack_q6_avx512(const int8_t *in, int8_t *out, int64_t C);
 
 /* sb: the block's scales as float32; next and next_scales: the next block's codes and scales
- * as stored, code_line and line bytes a chunk; nib: kind 4's or 7's codes, two a byte (one or two rows look their weights up); g16:
- * the scales' layout (MODE_G16: kind 8's or 9's d for each 16 columns). Kind 9's m is a zero
- * vector in the same fma, so it computes kind 8's bits for m = 0. q6: cb is kind 14's codes as
- * stored, each chunk unpacked into kind 9's in L1 as the tile reaches it (one row of x: the
- * tile then covers the block, so every chunk is unpacked once). */
+ * as stored, code_line and line bytes a chunk; nib: Q4_F16_DM's or Q4_F32_DM's codes, two a byte
+ * (one or two rows look their weights up); g16: the scales' layout (MODE_G16: Q8_F32_DM_HALVES's or
+ * Q8_F32_D_HALVES's d for each 16 columns). Q8_F32_D_HALVES's m is a zero vector in the same fma,
+ * so it computes Q8_F32_DM_HALVES's bits for m = 0. q6: cb is Q6_SUPER_D's codes as stored, each
+ * chunk unpacked into Q8_F32_D_HALVES's in L1 as the tile reaches it (one row of x: the tile then
+ * covers the block, so every chunk is unpacked once). */
 AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float *sb,
                                   const float *bias, float *y, int64_t K, int64_t ldy,
                                   int64_t n0, int64_t rows, int64_t t0, const int g,
@@ -317,7 +321,7 @@ AVX512 INLINE void tile_q8_avx512(const float *x, const int8_t *cb, const float 
   const int64_t chunks = K / QC;
   for (int64_t c = 0; c < chunks; c++) {
     const int8_t *qc = cb + c * R * RB;
-    int8_t six[R * QC] __attribute__((aligned(64))); /* q6: chunk c as kind 9's codes */
+    int8_t six[R * QC] __attribute__((aligned(64))); /* q6: chunk c, Q8_F32_D_HALVES's codes */
     if (q6) {
       unpack_q6_avx512(cb + c * Q6_CHUNK_BYTES, six, 1);
       qc = six;
@@ -382,17 +386,17 @@ AVX512 INLINE void unpack_q8_avx512(const int8_t *cb, const float *sb, float *ou
   tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, T0, g, G, TN, next, next_scales, line, \
                  code_line, NIB, g16, 0)
 
-/* GGUF Q4_K's scales as the file stores them (kinds 12 and 13): d = d16 sc and m = -dmin mn,
- * d16 and dmin float16 values per 256 columns, sc and mn 6-bit integers per 32. A block's
+/* GGUF Q4_K's scales as the file stores them (Q4_SUPER_DM and Q4_SUPER_A8): d = d16 sc and m =
+ * -dmin mn, d16 and dmin float16 values per 256 columns, sc and mn 6-bit integers per 32. A block's
  * scales are, for each 256 columns s, SUPER_BYTES bytes: d16 of its 16 rows (float16), then
  * -dmin (float16, negated exactly), then for each of its 8 chunks sc of the 16 rows and mn of
  * the 16 rows (uint8). 40 bytes a chunk instead of 128: 0.578 bytes a weight instead of 0.75.
  * Each product d16 sc is exact in float32 (11 + 6 significant bits), and (-dmin) mn is
- * -(dmin mn) exactly, so the widened d and m are kind 7's float32 values bit for bit. */
+ * -(dmin mn) exactly, so the widened d and m are Q4_F32_DM's float32 values bit for bit. */
 #define SUPER_CHUNKS 8
 #define SUPER_BYTES (4 * R + SUPER_CHUNKS * 2 * R)
 
-/* A block's super scales (in, C chunks) as float32 d and m (out [C][2][16], kind 7's). */
+/* A block's super scales (in, C chunks) as float32 d and m (out [C][2][16], Q4_F32_DM's). */
 AVX2 INLINE void widen_super(const uint8_t *in, float *out, int64_t C) {
   for (int64_t c = 0; c < C; c++) {
     const uint8_t *s = in + (c / SUPER_CHUNKS) * SUPER_BYTES;
@@ -407,19 +411,20 @@ AVX2 INLINE void widen_super(const uint8_t *in, float *out, int64_t C) {
   }
 }
 
-/* GGUF Q6_K as the file stores it (kind 14): 6-bit codes u = q + 32 as a plane of their low 4
+/* GGUF Q6_K as the file stores it (Q6_SUPER_D): 6-bit codes u = q + 32 as a plane of their low 4
  * bits and one of their high 2 (Q6_CHUNK_BYTES a chunk; blocks.c's verispec_pack_q6 gives the
  * layout), and d = d16 sc, d16 a float16 value per 256 columns, sc an int8 per 16. A block's
  * scales are, for each 256 columns s, Q6_SUPER_BYTES bytes: d16 of its 16 rows (float16), then
  * for each of its 8 chunks sc of the 16 rows for the chunk's first 16 columns, then for its
- * last 16. 0.8203 bytes a weight, as in the file, instead of kind 9's 1.25. A block's codes are
- * unpacked once into kind 9's (q = u - 32, a byte each) and its scales widened into kind 9's
- * float32 d (d16 sc: 11 + 8 significant bits, exact in float32, as blocks.c computes kind 9's
- * d), then kind 9's tiles run on them: kind 9's products, bit for bit. */
+ * last 16. 0.8203 bytes a weight, as in the file, instead of Q8_F32_D_HALVES's 1.25. A block's
+ * codes are unpacked once into Q8_F32_D_HALVES's (q = u - 32, a byte each) and its scales widened
+ * into Q8_F32_D_HALVES's float32 d (d16 sc: 11 + 8 significant bits, exact in float32, as blocks.c
+ * computes Q8_F32_D_HALVES's d), then Q8_F32_D_HALVES's tiles run on them: Q8_F32_D_HALVES's
+ * products, bit for bit. */
 #define Q6_SUPER_BYTES (2 * R + SUPER_CHUNKS * 2 * R)
 
-/* A block's Q6_K scales (in, C chunks) as kind 9's float32 d (out [C][2][16]: the 16 rows' d
- * of the chunk's first 16 columns, then of its last 16). */
+/* A block's Q6_K scales (in, C chunks) as Q8_F32_D_HALVES's float32 d (out [C][2][16]: the 16 rows'
+ * d of the chunk's first 16 columns, then of its last 16). */
 AVX2 INLINE void widen_q6(const uint8_t *in, float *out, int64_t C) {
   for (int64_t c = 0; c < C; c++) {
     const uint8_t *s = in + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
@@ -433,8 +438,8 @@ AVX2 INLINE void widen_q6(const uint8_t *in, float *out, int64_t C) {
   }
 }
 
-/* A block's kind 14 codes (in, C chunks) as kind 9's (out, R * QC bytes a chunk): each 64 of
- * them (u & 15 | (u >> 4) << 4) - 32 from one vector of each plane, shifted into place. */
+/* A block's Q6_SUPER_D codes (in, C chunks) as Q8_F32_D_HALVES's (out, R * QC bytes a chunk): each
+ * 64 of them (u & 15 | (u >> 4) << 4) - 32 from one vector of each plane, shifted into place. */
 AVX512 INLINE void unpack_q6_avx512(const int8_t *in, int8_t *out, int64_t C) {
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
   const __m512i half = _mm512_set1_epi8(32);
@@ -444,7 +449,7 @@ AVX512 INLINE void unpack_q6_avx512(const int8_t *in, int8_t *out, int64_t C) {
     const __m512i h0 = _mm512_loadu_si512(p + 4 * 64), h1 = _mm512_loadu_si512(p + 5 * 64);
     _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
       const __m512i l = _mm512_loadu_si512(p + 64 * v);
-      _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++) { /* kind 9's bytes 64 k .. */
+      _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++) { /* Q8_F32_D_HALVES's bytes 64 k .. */
         const int k = 2 * v + n, f = k % 4;
         const __m512i a = n ? _mm512_srli_epi16(l, 4) : l, w = k < 4 ? h0 : h1;
         const __m512i two = f == 0   ? _mm512_slli_epi16(w, 4)
@@ -487,15 +492,15 @@ AVX2 INLINE void unpack_q6_avx2(const int8_t *in, int8_t *out, int64_t C) {
   }
 }
 
-/* Bytes of a chunk's codes as stored: two a byte (modes 1, 3, 6), kind 14's planes (mode 7),
+/* Bytes of a chunk's codes as stored: two a byte (modes 1, 3, 6), Q6_SUPER_D's planes (mode 7),
  * else a byte each. */
 #define CHUNK_CODE_BYTES(mode) (MODE_NIB(mode) ? R * QC / 2 : (mode) == 7 ? Q6_CHUNK_BYTES : R * QC)
 
-/* Bytes of a chunk's scales as stored: kind 2's float32 d and m (mode 0), kind 4's float16 d
- * and m (mode 1), kind 5's float16 d (mode 2), kind 7's float32 d and m (mode 3, as kind 2),
- * kind 8's float32 d and m for each 16 columns (mode 4), kind 9's float32 d for each 16
- * columns (mode 5), kind 12's super scales (mode 6: SUPER_BYTES for 8 chunks), kind 14's
- * (mode 7: Q6_SUPER_BYTES for 8 chunks). */
+/* Bytes of a chunk's scales as stored: Q8_F32_DM's float32 d and m (mode 0), Q4_F16_DM's float16 d
+ * and m (mode 1), Q8_F16_D's float16 d (mode 2), Q4_F32_DM's float32 d and m (mode 3, as
+ * Q8_F32_DM), Q8_F32_DM_HALVES's float32 d and m for each 16 columns (mode 4), Q8_F32_D_HALVES's
+ * float32 d for each 16 columns (mode 5), Q4_SUPER_DM's super scales (mode 6: SUPER_BYTES for 8
+ * chunks), Q6_SUPER_D's (mode 7: Q6_SUPER_BYTES for 8 chunks). */
 INLINE int64_t chunk_scale_bytes(const int mode) {
   static const int64_t bytes[8] = {2 * R * 4, 2 * R * 2, R * 2,    2 * R * 4,
                                    4 * R * 4, 2 * R * 4, SUPER_BYTES / SUPER_CHUNKS,
@@ -504,7 +509,7 @@ INLINE int64_t chunk_scale_bytes(const int mode) {
 }
 
 /* A block's float16 scales (mode 1 or 2, as stored at in) as float32 d and m (out [C][2][16]),
- * kind 5's m being 0. */
+ * Q8_F16_D's m being 0. */
 AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const int mode) {
   const int64_t stored = chunk_scale_bytes(mode) / 2; /* float16 values a chunk */
   for (int64_t c = 0; c < C; c++)
@@ -515,13 +520,14 @@ AVX2 INLINE void widen_scales(const uint16_t *in, float *out, int64_t C, const i
                                   : _mm256_setzero_ps());
 }
 
-/* Block b of a product over codes (mode: 0 = kind 2, float32 d and m; 1 = kind 4, float16 d
- * and m, two codes in 0..15 a byte; 2 = kind 5, float16 d, m = 0; 3 = kind 7, kind 4's codes
- * with kind 2's scales; 4 = kind 8, float32 d and m for each 16 columns; 5 = kind 9, float32 d
- * for each 16 columns, m = 0; 6 = kind 12, kind 7's codes with super scales; 7 = kind 14,
- * unpacked into kind 9's codes and d). converted: room for a block's scales as float32 (modes
- * 1, 2, 6 and 7), then for kind 14 its codes as kind 9's; scratch: room for a block as
- * float32, for calls of UNPACK_ROWS rows or more. */
+/* Block b of a product over codes (mode: 0 = Q8_F32_DM, float32 d and m; 1 = Q4_F16_DM, float16 d
+ * and m, two codes in 0..15 a byte; 2 = Q8_F16_D, float16 d, m = 0; 3 = Q4_F32_DM, Q4_F16_DM's
+ * codes with Q8_F32_DM's scales; 4 = Q8_F32_DM_HALVES, float32 d and m for each 16 columns; 5 =
+ * Q8_F32_D_HALVES, float32 d for each 16 columns, m = 0; 6 = Q4_SUPER_DM, Q4_F32_DM's codes with
+ * super scales; 7 = Q6_SUPER_D, unpacked into Q8_F32_D_HALVES's codes and d). converted: room
+ * for a block's scales as float32 (modes 1, 2, 6 and 7), then for Q6_SUPER_D its codes as
+ * Q8_F32_D_HALVES's; scratch: room for a block as float32, for calls of UNPACK_ROWS rows or
+ * more. */
 AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const void *scales,
                                    const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                                    int64_t ldy, int64_t b, float *converted, float *scratch,
@@ -539,14 +545,14 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
     sf = converted;
   }
   const int8_t *next = b + 1 < blocks ? cb + block_bytes : NULL; /* as stored */
-  if (mode == 7 && T == 1 && !scratch) { /* kind 14, one row: unpacked chunk by chunk */
+  if (mode == 7 && T == 1 && !scratch) { /* Q6_SUPER_D, one row: unpacked chunk by chunk */
     const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
     const int g = 0;
     tile_q8_avx512(x, cb, sf, bias, y, K, ldy, n0, rows, 0, g, 16, 1, next, sb + C * line, line,
                    code_line, 0, g16, 1);
     return;
   }
-  if (mode == 7) { /* kind 14: the block's codes as kind 9's, after its d */
+  if (mode == 7) { /* Q6_SUPER_D: the block's codes as Q8_F32_D_HALVES's, after its d */
     int8_t *unpacked = (int8_t *)(converted + 2 * R * C);
     unpack_q6_avx512(cb, unpacked, C);
     cb = unpacked;
@@ -593,7 +599,7 @@ AVX512 INLINE void block_q8_avx512(const float *x, const int8_t *codes, const vo
   }
 }
 
-/* The weights of columns 8 p .. 8 p + 7 of row j of the chunk at qc (nib: kind 4's codes). */
+/* The weights of columns 8 p .. 8 p + 7 of row j of the chunk at qc (nib: Q4_F16_DM's codes). */
 AVX2 INLINE __m256 q8x8(const int8_t *qc, const int j, const int p, __m256 d, __m256 m,
                         const int nib) {
   __m256i q;
@@ -621,7 +627,8 @@ AVX2 INLINE void tile_q8_avx2(const float *x, const int8_t *cb, const float *sb,
     const int8_t *qc = cb + c * R * RB;
     const float *sc = sb + c * SCALE_STRIDE(g16);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-      const float *sp = sc + (p >= 2 ? SCALE_HIGH(g16) : 0); /* kinds 8, 9: the last 16's */
+      /* Q8_F32_DM_HALVES, Q8_F32_D_HALVES: the last 16 columns' d and m */
+      const float *sp = sc + (p >= 2 ? SCALE_HIGH(g16) : 0);
       __m256 w[4];
       _Pragma("GCC unroll 4") for (int j = 0; j < G; j++)
         w[j] = q8x8(qc, g + j, p, _mm256_set1_ps(sp[g + j]),
@@ -657,7 +664,7 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
   const char *stored = (const char *)scales + b * C * line;
   const float *sb = MODE_WIDEN(mode) ? converted : (const float *)stored;
   if (mode == 6) widen_super((const uint8_t *)stored, converted, C);
-  else if (mode == 7) { /* kind 14: kind 9's d, then its codes */
+  else if (mode == 7) { /* Q6_SUPER_D: Q8_F32_D_HALVES's d, then its codes */
     int8_t *unpacked = (int8_t *)(converted + 2 * R * C);
     widen_q6((const uint8_t *)stored, converted, C);
     unpack_q6_avx2(cb, unpacked, C);
@@ -675,7 +682,7 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
   }
 }
 
-/* ------------------------------- 8-bit codes times 8-bit activations (kind 3, "a8") */
+/* ------------------------------- 8-bit codes times 8-bit activations (Q8_A8, "a8") */
 
 /* As llama.cpp computes products of its Q4_1 and Q8_0 blocks: each 32-column chunk of a row
  * of x is rounded to d_x * q_x with d_x = max|x| / 127 and q_x = x * (127 / max|x|) rounded to
@@ -686,17 +693,17 @@ AVX2 INLINE void block_q8_avx2(const float *x, const int8_t *codes, const void *
  * bit for bit; rows of x never mix, so the product stays row-invariant.
  * Layout: codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) + 128 (uint8; k < 8, j < 16,
  * e < 4): one 64-byte vector holds 4 columns of the block's 16 rows, as vpdpbusd takes them.
- * Scales as kind 2's but float16 (a GGUF block's d and m are float16 values, so exactly):
+ * Scales as Q8_F32_DM's but float16 (a GGUF block's d and m are float16 values, so exactly):
  * scales[b][c][0][j] = d, scales[b][c][1][j] = m.
- * Kind 6 is kind 3 with every code in 0..15 (GGUF Q4_1 blocks) stored as itself, two a byte:
+ * Q4_A8 is Q8_A8 with every code in 0..15 (GGUF Q4_1 blocks) stored as itself, two a byte:
  * codes[b][c][k][j][e] = q(W[16 b + j, 32 c + 4 k + e]) | q(W[16 b + j, 32 c + 16 + 4 k + e]) << 4
- * (k < 4), so a vector's low 4 bits are kind 3's vector k less 128 and its high 4 bits vector
+ * (k < 4), so a vector's low 4 bits are Q8_A8's vector k less 128 and its high 4 bits vector
  * k + 4 less 128; its sums start at 0 instead of -128 sum_l q_l, which gives the same integers.
  * 0.625 bytes a weight instead of 1.125.
- * Kinds 10 and 11 are kinds 6 and 3 with d and m stored as float32 (scales[b][c][0 or 1][j]):
- * a K-quant's d and m (Q4_K, Q5_K) are products of float16 values, not float16 values. The
+ * Q4_F32_A8 and Q8_F32_A8 are Q4_A8 and Q8_A8 with d and m stored as float32 (scales[b][c][0 or
+ * 1][j]): a K-quant's d and m (Q4_K, Q5_K) are products of float16 values, not float16 values. The
  * same operations on the same float32 values, so where d and m are float16 values they give
- * kinds 6's and 3's bits; 0.75 and 1.25 bytes a weight. */
+ * Q4_A8's and Q8_A8's bits; 0.75 and 1.25 bytes a weight. */
 
 #define H16 uint16_t /* float16 bits */
 
@@ -707,7 +714,7 @@ typedef struct {
   int8_t *q;       /* [K / 32][T][32] */
   float *dx, *mx;  /* [K / 32][T] */
   int32_t *corr;   /* [K / 32][T]: -128 * the sum of the chunk's q, where its sum starts */
-  int32_t *half;   /* [K / 32][T]: the sum of the chunk's first 16 q (kind 15's halves) */
+  int32_t *half;   /* [K / 32][T]: the sum of the chunk's first 16 q (Q6_SUPER_A8's halves) */
   int64_t T, C;    /* rows, chunks per row */
 } RoundedRows;
 
@@ -805,8 +812,8 @@ VNNI INLINE __m512 half16(const H16 *h) { /* 16 float16 values, exactly as float
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
 }
 
-/* Bytes of an a8 weight's d or m: float16 (kinds 3 and 6, GGUF's own d and m) or float32
- * (kinds 10 and 11: a K-quant's d and m, products of a float16 and a 6-bit scale). */
+/* Bytes of an a8 weight's d or m: float16 (Q8_A8 and Q4_A8, GGUF's own d and m) or float32
+ * (Q4_F32_A8 and Q8_F32_A8: a K-quant's d and m, products of a float16 and a 6-bit scale). */
 #define A8_SCALE_BYTES(f32) ((f32) ? 4 : 2)
 
 /* 16 d or m values from element i of an a8 weight's scales, as float32 (exactly either way). */
@@ -822,7 +829,7 @@ VNNI INLINE __m512 add_chunk(__m512 acc, __m512i sum, float dx, float mx, __m512
 }
 
 /* Chunk c's 8 vectors of codes (4 columns of the block's 16 rows each) from the block at cb:
- * kind 3's as stored, kind 6's (nib) from 4 vectors of two codes a byte. */
+ * Q8_A8's as stored, Q4_A8's (nib) from 4 vectors of two codes a byte. */
 VNNI INLINE void chunk_codes(const uint8_t *cb, int64_t c, __m512i *w, const int nib) {
   if (!nib) {
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
@@ -840,7 +847,7 @@ VNNI INLINE void chunk_codes(const uint8_t *cb, int64_t c, __m512i *w, const int
 /* Rows t0 .. t0 + TN - 1 of x against the block's 16 weight rows: one 16-lane accumulator per
  * row of x, lane j for weight row j. A chunk's integer sum is one vpdpbusd chain per row in
  * tiles of more than 4 rows, two (even and odd 4-column groups) in smaller ones, so that at
- * least eight chains are in flight (integer sums: the split changes no bit). nib: kind 6. */
+ * least eight chains are in flight (integer sums: the split changes no bit). nib: Q4_A8. */
 VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char *sb,
                               const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                               int64_t rows, int64_t t0, const int TN, const uint8_t *next,
@@ -886,9 +893,9 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char
 #define A8_TILE(TN) \
   tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, nib, f32)
 
-/* An OpenMP loop over blocks or pairs, compiled for each of kinds 3, 6 (nib), 11 (f32) and 10
- * (both): the loop's body becomes a function of its own, in which nib and f32 must be constants
- * (see Q8_ENTRY). */
+/* An OpenMP loop over blocks or pairs, compiled for each of Q8_A8, Q4_A8 (nib), Q8_F32_A8 (f32)
+ * and Q4_F32_A8 (both): the loop's body becomes a function of its own, in which nib and f32 must be
+ * constants (see Q8_ENTRY). */
 #define A8_ENTRY(NAME, BODY, NIB, F32, SUP, BLOCKS)                                           \
   VNNI static void NAME(const RoundedRows r, const uint8_t *codes, const char *scales,        \
                         const float *bias, float *y, int64_t T, int64_t N, int64_t K,         \
@@ -903,13 +910,14 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char
   }
 
 /* Bytes of a block's scales as an a8 product finds them: float16 or float32 d and m, or (sup,
- * kind 13) super scales, which it widens into converted before the tiles read kind 10's. */
+ * Q4_SUPER_A8) super scales, which it widens into converted before the tiles read Q4_F32_A8's. */
 INLINE int64_t a8_scale_bytes(int64_t K, const int f32, const int sup) {
   return sup ? (K / QC) * (SUPER_BYTES / SUPER_CHUNKS) : 2 * R * (K / QC) * A8_SCALE_BYTES(f32);
 }
 
-/* Block b of an a8 product (nib: kinds 6, 10 and 13; f32: float32 d and m, kinds 10 and 11;
- * sup: kind 13, super scales widened into converted, then kind 10's operations). */
+/* Block b of an a8 product (nib: Q4_A8, Q4_F32_A8 and Q4_SUPER_A8; f32: float32 d and m, Q4_F32_A8
+ * and Q8_F32_A8; sup: Q4_SUPER_A8, super scales widened into converted, then Q4_F32_A8's
+ * operations). */
 VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char *scales,
                           const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                           int64_t ldy, int64_t b, const int nib, const int f32, const int sup,
@@ -944,7 +952,7 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char 
   }
 }
 
-/* Chunk c's d and m of a block's Q4_K super scales as stored (kind 13): d16 sc and (-dmin) mn,
+/* Chunk c's d and m of a block's Q4_K super scales as stored (Q4_SUPER_A8): d16 sc and (-dmin) mn,
  * the very products widen_super computes (a float16 value times a 6-bit integer, exact). */
 VNNI INLINE void super_dm(const uint8_t *in, int64_t c, __m512 *d, __m512 *m) {
   const uint8_t *s = in + (c / SUPER_CHUNKS) * SUPER_BYTES;
@@ -1024,7 +1032,7 @@ VNNI INLINE void tile_a8_pair(const RoundedRows r, const uint8_t *cb, const char
  * tile holds at most 4 rows in registers; 8 rows in two pair tiles ran slower). Each tile asks
  * for the next pair while it computes (over a 1.5B model's Q4_K layers, whose weights stream
  * from memory, 1 and 2 rows gained as 3 and 4 had; SmolLM2's, nearly in L3, had not shown it).
- * Kind 13's super scales are widened by chunk inside the tile (super_dm), not a block ahead. */
+ * Q4_SUPER_A8's super scales are widened by chunk inside the tile (super_dm), not a block ahead. */
 VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *scales,
                          const float *bias, float *y, int64_t T, int64_t N, int64_t K,
                          int64_t ldy, int64_t p, const int nib, const int f32, const int sup,
@@ -1032,7 +1040,7 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
   const int64_t pairs = N / (2 * R), block_bytes = nib ? R * K / 2 : R * K;
   const int64_t scale_bytes = a8_scale_bytes(K, f32, sup); /* a block's, as stored */
   const uint8_t *cb = codes + 2 * p * block_bytes;
-  const char *sb = scales + 2 * p * scale_bytes; /* kind 13: super scales, widened by chunk */
+  const char *sb = scales + 2 * p * scale_bytes; /* Q4_SUPER_A8: super scales, widened by chunk */
   (void)converted; /* NULL: a pair tile widens each chunk itself (a8_block's buffer) */
   const uint8_t *next = p + 1 < pairs ? cb + 2 * block_bytes : NULL;
   const char *ns = sb + 2 * scale_bytes;
@@ -1046,8 +1054,8 @@ VNNI INLINE void a8_pair(const RoundedRows r, const uint8_t *codes, const char *
 }
 
 
-/* Kind 15 (Q6_SUPER_A8): kind 14's Q6_K codes and scales as stored, times x rounded to 8-bit
- * blocks. Its planes hold u = q + 32 in kind 3's order (position 64 k + 4 j + e is row j,
+/* Q6_SUPER_A8: Q6_SUPER_D's Q6_K codes and scales as stored, times x rounded to 8-bit
+ * blocks. Its planes hold u = q + 32 in Q8_A8's order (position 64 k + 4 j + e is row j,
  * column 4 k + e: packing.pack_q6_a8), so one vector of each plane, shifted and masked, is a
  * vpdpbusd operand of 16 rows by 4 columns. A chunk's halves (columns 0-15, vectors k < 4, and
  * 16-31) have their own d = d16 sc, so each row of x has two integer sums, each started at -32
@@ -1082,8 +1090,8 @@ VNNI INLINE void q6_d(const uint8_t *in, int64_t c, __m512 *lo, __m512 *hi) {
                                _mm_loadu_si128((const __m128i *)(sub + R)))));
 }
 
-/* Rows t0 .. t0 + TN - 1 of x against a kind 15 block's 16 weight rows (TN <= 8); next, when not
- * NULL, is the next block, whose chunk c is asked for into L2 while chunk c computes. */
+/* Rows t0 .. t0 + TN - 1 of x against a Q6_SUPER_A8 block's 16 weight rows (TN <= 8); next, when
+ * not NULL, is the next block, whose chunk c is asked for into L2 while chunk c computes. */
 VNNI INLINE void tile_q6_a8(const RoundedRows r, const uint8_t *cb, const uint8_t *sb,
                             const float *bias, float *y, int64_t K, int64_t ldy, int64_t n0,
                             int64_t rows, int64_t t0, const int TN, const uint8_t *next,
@@ -1127,7 +1135,7 @@ VNNI INLINE void tile_q6_a8(const RoundedRows r, const uint8_t *cb, const uint8_
 
 #define Q6_TILE(TN) tile_q6_a8(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales)
 
-/* Block b of a kind 15 product: tiles of 8 rows of x, then at most one of 4 and one of 1-3, as
+/* Block b of a Q6_SUPER_A8 product: tiles of 8 rows of x, then at most one of 4 and one of 1-3, as
  * a8_block; the first asks for the next block. */
 VNNI INLINE void q6_a8_block(const RoundedRows r, const uint8_t *codes, const char *scales,
                              const float *bias, float *y, int64_t T, int64_t N, int64_t K,
@@ -1154,7 +1162,8 @@ VNNI INLINE void q6_a8_block(const RoundedRows r, const uint8_t *codes, const ch
   }
 }
 
-/* [kind]: 3, 11 (8-bit codes), 6, 10, 13 (4-bit codes) */
+/* By format: Q8_A8, Q8_F32_A8 (8-bit codes), Q4_A8, Q4_F32_A8, Q4_SUPER_A8 (4-bit codes),
+ * Q6_SUPER_A8 */
 A8_ENTRY(a8_blocks_bytes, a8_block, 0, 0, 0, 1)
 A8_ENTRY(a8_blocks_bytes_f32, a8_block, 0, 1, 0, 1)
 A8_ENTRY(a8_blocks_nibbles, a8_block, 1, 0, 0, 1)
@@ -1169,7 +1178,8 @@ A8_ENTRY(a8_pairs_nibbles_super, a8_pair, 1, 1, 1, 2)
 
 typedef void (*A8Entry)(const RoundedRows, const uint8_t *, const char *, const float *, float *,
                         int64_t, int64_t, int64_t, int64_t, int);
-/* Index: 2 nib + f32 (kinds 3, 11, 6, 10), 4 for kind 13, 5 for kind 15 (blocks only). */
+/* Index: 2 nib + f32 (Q8_A8, Q8_F32_A8, Q4_A8, Q4_F32_A8), 4 for Q4_SUPER_A8, 5 for
+ * Q6_SUPER_A8 (blocks only). */
 static const A8Entry A8_BLOCKS[6] = {a8_blocks_bytes, a8_blocks_bytes_f32, a8_blocks_nibbles,
                                      a8_blocks_nibbles_f32, a8_blocks_nibbles_super,
                                      a8_blocks_q6};
@@ -1226,7 +1236,7 @@ int verispec_linear_dot(int isa) {
 }
 
 /* x [T, K] float32 (K a multiple of 32) rounded to 8-bit blocks, then times the codes of weight
- * format `format` (one of the a8 kinds) with integer dot product dot: AVX-512 VNNI's vpdpbusd
+ * format `format` (one of the a8 formats) with integer dot product dot: AVX-512 VNNI's vpdpbusd
  * (pairs of blocks for up to 4 rows) or the 256-bit tiles (AVX-VNNI or vpmaddubsw); every
  * one gives the bits of portable.c's loop (isa 0). */
 static void linear_a8(int isa, int dot, WeightFormat format, const float *x, const uint8_t *codes,
@@ -1291,7 +1301,8 @@ static void linear_f16(int isa, const float *x, const uint16_t *w, const float *
                           int64_t ldy, int threads) {                                        \
     const int64_t blocks = (N + R - 1) / R;                                                  \
     _Pragma("omp parallel num_threads(threads)") {                                           \
-      float *converted = MODE_WIDEN(MODE) ? /* kind 14: then its codes as kind 9's */      \
+      /* Q6_SUPER_D: then its codes as Q8_F32_D_HALVES's */                                 \
+      float *converted = MODE_WIDEN(MODE) ?                                                  \
           malloc(sizeof(float) * 2 * R * (K / QC) + (MODE == 7 ? R * K : 0)) : NULL;         \
       float *scratch = UNPACK && T >= UNPACK ? malloc(sizeof(float) * R * K) : NULL;         \
       _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++)               \
@@ -1349,18 +1360,20 @@ static int q8_mode(WeightFormat format) {
 }
 
 /* y [T, N] = x [T, K] W^T (+ bias), CHUNK_ROWS rows of x at a time (rows are independent, so the
- * split changes no result); format (verispec.h's WeightFormat, by value): 0 = float32, 1 =
- * float16, 2 = 8-bit codes with scales, 3 = 8-bit codes (kind 3's layout, float16 scales) times x
- * rounded to 8-bit blocks, 4 = kind 2 with codes in 0..15 two a byte and float16 scales, 5 = kind
- * 2 with m = 0 and float16 d (the same products as kind 2), 6 = kind 3 with codes in 0..15 two a
- * byte (the same products as kind 3), 7 = kind 4's codes with kind 2's float32 scales (GGUF Q4_K;
- * kind 2's products), 8 = kind 2's codes with float32 d and m for each 16 columns (GGUF Q6_K), 9 =
- * kind 8 with m = 0 and d alone stored, 10 = kind 6 with float32 d and m (GGUF Q4_K under a8; kind
- * 6's products), 11 = kind 3 with float32 d and m (GGUF Q5_K under a8; kind 3's products), 12 =
- * kind 7 with Q4_K's scales as stored (super scales; kind 7's products), 13 = kind 10 with them
- * (kind 10's products), 14 = kind 9 with Q6_K's codes and d as stored (6-bit codes in a 4-bit and
- * a 2-bit plane, float16 d16 times int8 sc; kind 9's products), 15 = kind 14's codes (in kind 3's
- * order) and scales times x rounded to 8-bit blocks (GGUF Q6_K under a8). */
+ * split changes no result); format, verispec.h's WeightFormat: F32 = float32, F16 = float16,
+ * Q8_F32_DM = 8-bit codes with scales, Q8_A8 = 8-bit codes (float16 scales) times x rounded to
+ * 8-bit blocks, Q4_F16_DM = Q8_F32_DM with codes in 0..15 two a byte and float16 scales,
+ * Q8_F16_D = Q8_F32_DM with m = 0 and float16 d (the same products as Q8_F32_DM), Q4_A8 = Q8_A8
+ * with codes in 0..15 two a byte (the same products as Q8_A8), Q4_F32_DM = Q4_F16_DM's codes with
+ * Q8_F32_DM's float32 scales (GGUF Q4_K; Q8_F32_DM's products), Q8_F32_DM_HALVES = Q8_F32_DM's
+ * codes with float32 d and m for each 16 columns (GGUF Q6_K), Q8_F32_D_HALVES = Q8_F32_DM_HALVES
+ * with m = 0 and d alone stored, Q4_F32_A8 = Q4_A8 with float32 d and m (GGUF Q4_K under a8;
+ * Q4_A8's products), Q8_F32_A8 = Q8_A8 with float32 d and m (GGUF Q5_K under a8; Q8_A8's
+ * products), Q4_SUPER_DM = Q4_F32_DM with Q4_K's scales as stored (super scales; Q4_F32_DM's
+ * products), Q4_SUPER_A8 = Q4_F32_A8 with them (Q4_F32_A8's products), Q6_SUPER_D =
+ * Q8_F32_D_HALVES with Q6_K's codes and d as stored (6-bit codes in a 4-bit and a 2-bit plane,
+ * float16 d16 times int8 sc; Q8_F32_D_HALVES's products), Q6_SUPER_A8 = Q6_SUPER_D's codes (in
+ * Q8_A8's order) and scales times x rounded to 8-bit blocks (GGUF Q6_K under a8). */
 void verispec_linear(int isa, WeightFormat format, const float *x, const void *w,
                      const float *scales, const float *bias, float *y, int64_t T, int64_t N,
                      int64_t K, int threads) {

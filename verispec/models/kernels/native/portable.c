@@ -4,14 +4,14 @@
  * stands in for linear.c's entry points there). No intrinsics: loops over 16-row blocks that
  * the compiler vectorizes for whatever it targets. The weights stay as packed, in every format.
  *
- * Numerics. The 8-bit-input kinds (3, 6, 10, 11, 13, 15: "a8") give linear.c's bits: x is
- * rounded by round_chunk's operations (nearest, ties to even), a chunk's sums are exact
- * integers (in any order), and each output then adds its chunks by the very operations of
- * linear.c's add_chunk and tile_q6_a8, in the same order, fmaf where those use an fma. No other
- * multiply and add may fuse into one rounding, so contraction is turned off for this file.
- * The float-input kinds compute the same weights (d q + m with d q exact, one rounding, as
- * fma(d, q, m)), and each output adds its products in an order of its own: column k into lane
- * k % 16, columns in order, each product rounded before it is added, then the 16 lanes by
+ * Numerics. The 8-bit-input formats (Q8_A8, Q4_A8, Q4_F32_A8, Q8_F32_A8, Q4_SUPER_A8,
+ * Q6_SUPER_A8: "a8") give linear.c's bits: x is rounded by round_chunk's operations (nearest, ties
+ * to even), a chunk's sums are exact integers (in any order), and each output then adds its chunks
+ * by the very operations of linear.c's add_chunk and tile_q6_a8, in the same order, fmaf where
+ * those use an fma. No other multiply and add may fuse into one rounding, so contraction is turned
+ * off for this file. The float-input formats compute the same weights (d q + m with d q exact, one
+ * rounding, as fma(d, q, m)), and each output adds its products in an order of its own: column k
+ * into lane k % 16, columns in order, each product rounded before it is added, then the 16 lanes by
  * halves (8 + 8, 4 + 4, 2 + 2, 1 + 1). That order does not depend on the rows of the call, the
  * threads or the machine: a row is bit for bit its one-row product (row invariance) on every
  * CPU, though not linear.c's float results, whose fmas round once (close to them: tested). */
@@ -30,12 +30,14 @@
 
 #define R 16            /* weight rows per block, lanes per output */
 #define QC 32           /* columns per chunk of codes */
-#define TILE_ROWS 8     /* rows of x per pass over a block (float kinds) */
+#define TILE_ROWS 8     /* rows of x per pass over a block (float formats) */
 #define CHUNK_ROWS 128  /* rows of x per pass over the weight, as linear.c */
 #define SUPER_CHUNKS 8  /* chunks per 256 columns (K-quant super-blocks) */
-#define SUPER_BYTES (4 * R + SUPER_CHUNKS * 2 * R)    /* kinds 12, 13: scales of 256 columns */
-#define Q6_SUPER_BYTES (2 * R + SUPER_CHUNKS * 2 * R) /* kinds 14, 15: scales of 256 columns */
-#define Q6_CHUNK_BYTES (R * QC * 3 / 4)               /* kinds 14, 15: codes of a chunk */
+/* Scales of 256 columns of Q4_SUPER_DM and Q4_SUPER_A8, of Q6_SUPER_D and Q6_SUPER_A8; and the
+ * latter two's codes of a chunk. */
+#define SUPER_BYTES (4 * R + SUPER_CHUNKS * 2 * R)
+#define Q6_SUPER_BYTES (2 * R + SUPER_CHUNKS * 2 * R)
+#define Q6_CHUNK_BYTES (R * QC * 3 / 4)
 
 /* float16 bits -> float32, exactly (as F16C's vcvtph2ps: subnormals normalised): by the
  * machine's own conversion where C has a float16 type (aarch64's __fp16), else by masks rather
@@ -68,7 +70,7 @@ static inline int is_a8(const WeightFormat format) {
          format == VERISPEC_Q6_SUPER_A8;
 }
 
-/* Codes two a byte (kinds 4, 6, 7, 10, 12, 13). */
+/* Codes two a byte (Q4_F16_DM, Q4_A8, Q4_F32_DM, Q4_F32_A8, Q4_SUPER_DM, Q4_SUPER_A8). */
 static inline int is_nibbles(const WeightFormat format) {
   return format == VERISPEC_Q4_F16_DM || format == VERISPEC_Q4_F32_DM ||
          format == VERISPEC_Q4_SUPER_DM || format == VERISPEC_Q4_A8 ||
@@ -93,13 +95,15 @@ static inline int64_t chunk_scale_bytes(const WeightFormat format) {
     case VERISPEC_Q4_SUPER_A8: return SUPER_BYTES / SUPER_CHUNKS;
     case VERISPEC_Q6_SUPER_D:
     case VERISPEC_Q6_SUPER_A8: return Q6_SUPER_BYTES / SUPER_CHUNKS;
-    default: return 2 * R * 4; /* float32 d and m (kinds 2, 7, 10, 11), or d of each half (9) */
+    /* float32 d and m (Q8_F32_DM, Q4_F32_DM, Q4_F32_A8, Q8_F32_A8), or d of each half
+     * (Q8_F32_D_HALVES) */
+    default: return 2 * R * 4;
   }
 }
 
-/* The 6-bit values u (0..63) of a kind 14 or 15 chunk at p, by position: u[64 k + i] from byte
- * 64 (k / 2) + i's nibble k % 2 and byte 256 + 64 (k / 4) + i's bits 2 (k % 4), 2 (k % 4) + 1
- * (blocks.c's verispec_pack_q6 gives the layout). */
+/* The 6-bit values u (0..63) of a Q6_SUPER_D or Q6_SUPER_A8 chunk at p, by position: u[64 k + i]
+ * from byte 64 (k / 2) + i's nibble k % 2 and byte 256 + 64 (k / 4) + i's bits 2 (k % 4), 2 (k % 4)
+ * + 1 (blocks.c's verispec_pack_q6 gives the layout). */
 static inline void q6_values(const uint8_t *p, uint8_t *u) {
   for (int k = 0; k < 8; k++)
     for (int i = 0; i < 64; i++)
@@ -107,7 +111,7 @@ static inline void q6_values(const uint8_t *p, uint8_t *u) {
                                 (p[256 + 64 * (k / 4) + i] >> (2 * (k % 4)) & 3) << 4);
 }
 
-/* Chunk c's d and m of a Q4_K super-scaled block (kinds 12, 13) as float32: d16 sc and
+/* Chunk c's d and m of a Q4_K super-scaled block (Q4_SUPER_DM, Q4_SUPER_A8) as float32: d16 sc and
  * (-dmin) mn, exact products (linear.c's widen_super). */
 static inline void super_dm(const uint8_t *block_scales, int64_t c, float *d, float *m) {
   const uint8_t *s = block_scales + (c / SUPER_CHUNKS) * SUPER_BYTES;
@@ -121,8 +125,8 @@ static inline void super_dm(const uint8_t *block_scales, int64_t c, float *d, fl
   }
 }
 
-/* Chunk c's d of a Q6_K block (kinds 14, 15) for its first and last 16 columns: d16 sc, exact
- * (linear.c's widen_q6). */
+/* Chunk c's d of a Q6_K block (Q6_SUPER_D, Q6_SUPER_A8) for its first and last 16 columns: d16 sc,
+ * exact (linear.c's widen_q6). */
 static inline void q6_d(const uint8_t *block_scales, int64_t c, float d[2][R]) {
   const uint8_t *s = block_scales + (c / SUPER_CHUNKS) * Q6_SUPER_BYTES;
   const int8_t *sub = (const int8_t *)(s + 2 * R + (c % SUPER_CHUNKS) * 2 * R);
@@ -134,12 +138,12 @@ static inline void q6_d(const uint8_t *block_scales, int64_t c, float d[2][R]) {
     }
 }
 
-/* ------------------------------------------------------------------- float-input kinds */
+/* ------------------------------------------------------------------- float-input formats */
 
 /* A chunk's weights as float32, in one of two orders, each the order its codes are packed in
  * (so that decoding and multiplying stream both in address order):
- *   by rows: w[j W + l] for row j, column l < W (W = 16 for kinds 0 and 1, whose chunks are 16
- *     columns; 32 for codes a byte each, and kind 14's, whose planes give that order too);
+ *   by rows: w[j W + l] for row j, column l < W (W = 16 for F32 and F16, whose chunks are 16
+ *     columns; 32 for codes a byte each, and Q6_SUPER_D's, whose planes give that order too);
  *   nibbles (codes two a byte): w[256 h + 64 v + 4 l + r] for row 4 v + r, column 16 h + l.
  * Each output j has 16 lanes, lane l adding columns l, 16 + l, 32 + l, ... in order; its lanes
  * are acc[16 j + l] (by rows) or acc[64 (j / 4) + 4 l + j % 4] (nibbles). */
@@ -147,7 +151,7 @@ static inline int64_t lane_at(const int nibbles, const int j, const int l) {
   return nibbles ? 64 * (j / 4) + 4 * l + j % 4 : R * j + l;
 }
 
-/* Chunk c of block b of a float-input weight as float32 in its order (above): kind 0's packed
+/* Chunk c of block b of a float-input weight as float32 in its order (above): F32's packed
  * values themselves, else decoded into buf. Codes: w = d q + m (d q exact, so one rounding:
  * fma(d, q, m), linear.c's weights), with d and m of the chunk or of each 16 columns.
  * Returns the weights; *width: columns a chunk. */
@@ -178,7 +182,7 @@ static const float *float_chunk(const WeightFormat format, const void *w, const 
       case VERISPEC_Q8_F32_D_HALVES: d[0][j] = f[j], d[1][j] = f[R + j]; break;
       case VERISPEC_Q4_SUPER_DM:
       case VERISPEC_Q6_SUPER_D: break; /* below */
-      default: d[0][j] = f[j], m[0][j] = f[R + j]; /* kinds 2, 7 */
+      default: d[0][j] = f[j], m[0][j] = f[R + j]; /* Q8_F32_DM, Q4_F32_DM */
     }
   }
   if (format == VERISPEC_Q4_SUPER_DM)
@@ -199,7 +203,7 @@ static const float *float_chunk(const WeightFormat format, const void *w, const 
           }
     return buf;
   }
-  int8_t q[R * QC]; /* by rows; kind 14's planes hold u = q + 32 */
+  int8_t q[R * QC]; /* by rows; Q6_SUPER_D's planes hold u = q + 32 */
   if (format == VERISPEC_Q6_SUPER_D) {
     uint8_t u[R * QC];
     q6_values(cb, u);
@@ -268,7 +272,7 @@ static void linear_float(const WeightFormat format, const float *x, const void *
                  T - t < TILE_ROWS ? T - t : TILE_ROWS);
 }
 
-/* --------------------------------------------------------- 8-bit-input kinds ("a8") */
+/* --------------------------------------------------------- 8-bit-input formats ("a8") */
 
 /* x rounded to 8-bit blocks, chunk-major as linear.c's RoundedRows: chunk c of row t is entry
  * c T + t. */
@@ -309,11 +313,11 @@ static void round_rows(const float *x, int64_t T, int64_t K, Rounded r, int thre
   }
 }
 
-/* Chunk c of block b of an a8 weight: its codes as signed values in kind 3's order, cw[64 k +
- * 4 j + e] for row j, column 4 k + e (kinds 3, 11: the stored u - 128; kinds 6, 10, 13: vector
- * k's low 4 bits, and for k + 4 its high 4 bits; kind 15: u - 32), so that the integer sums
- * are linear.c's (sum u q_x - 128 sum q_x = sum (u - 128) q_x); d[0], m: the chunk's d and m;
- * kind 15: d[h] of columns 16 h .. 16 h + 15, no m. */
+/* Chunk c of block b of an a8 weight: its codes as signed values in Q8_A8's order, cw[64 k +
+ * 4 j + e] for row j, column 4 k + e (Q8_A8, Q8_F32_A8: the stored u - 128; Q4_A8, Q4_F32_A8,
+ * Q4_SUPER_A8: vector k's low 4 bits, and for k + 4 its high 4 bits; Q6_SUPER_A8: u - 32), so that
+ * the integer sums are linear.c's (sum u q_x - 128 sum q_x = sum (u - 128) q_x); d[0], m: the
+ * chunk's d and m; Q6_SUPER_A8: d[h] of columns 16 h .. 16 h + 15, no m. */
 static void a8_chunk(const WeightFormat format, const uint8_t *codes, const char *scales, int64_t b,
                      int64_t c, int64_t C, int8_t *cw, float d[2][R], float m[R]) {
   const int64_t at = b * C + c;
@@ -347,9 +351,10 @@ static void a8_chunk(const WeightFormat format, const uint8_t *codes, const char
 }
 
 /* Block b against all T rows of r: per row and weight row j, the chunks in column order, each
- * by linear.c's operations: kinds 3, 6, 10, 11, 13 acc = fma(d_x d, (float)sum, acc), then acc
- * = fma(m, mx, acc) (add_chunk); kind 15 acc = fma(d_x d_lo, (float)lo, acc), then the same
- * with its last 16 columns' hi (tile_q6_a8). acc: room for T x 16 sums. */
+ * by linear.c's operations: Q8_A8, Q4_A8, Q4_F32_A8, Q8_F32_A8, Q4_SUPER_A8 acc = fma(d_x d,
+ * (float)sum, acc), then acc = fma(m, mx, acc) (add_chunk); Q6_SUPER_A8 acc = fma(d_x d_lo,
+ * (float)lo, acc), then the same with its last 16 columns' hi (tile_q6_a8). acc: room for T x 16
+ * sums. */
 static void a8_block(const WeightFormat format, const Rounded r, const uint8_t *codes,
                      const char *scales, const float *bias, float *y, int64_t N, int64_t b,
                      float *acc) {
@@ -408,7 +413,7 @@ static void linear_a8(const WeightFormat format, const float *x, const void *w, 
 }
 
 /* y [T, N] = x [T, K] W^T (+ bias) for W packed in any format of verispec.h (K padded as
- * packed: 16 for kinds 0 and 1, 32 for codes), CHUNK_ROWS rows of x at a time (rows are
+ * packed: 16 for F32 and F16, 32 for codes), CHUNK_ROWS rows of x at a time (rows are
  * independent: the split changes no result). */
 void verispec_linear_portable(WeightFormat format, const float *x, const void *w,
                               const float *scales, const float *bias, float *y, int64_t T,

@@ -12,8 +12,9 @@
  * other sources is rebuilt, never misread. */
 #define VERISPEC_ABI_VERSION 8
 
-/* What a packed weight holds (packing.py's packers lay each one out); ffi.WeightFormat on the
- * Python side, which passes it as an int (ffi.CWeightFormat: the enum is an int here). */
+/* What a packed weight holds, its format (packing.py's packers lay each one out); ffi.WeightFormat
+ * on the Python side, which passes it as an int (ffi.CWeightFormat: the enum is an int here).
+ * Comments and docs name a format by its name here less VERISPEC_ (Q4_A8), never by number. */
 typedef enum verispec_weight_format {
   VERISPEC_F32 = 0,               /* float32 values */
   VERISPEC_F16 = 1,               /* float16 values */
@@ -30,7 +31,7 @@ typedef enum verispec_weight_format {
   VERISPEC_Q4_SUPER_DM = 12,      /* 4-bit codes, Q4_K's d and m as stored: float16 x 6-bit */
   VERISPEC_Q4_SUPER_A8 = 13,      /* the same times 8-bit inputs (Q4_K, a8) */
   VERISPEC_Q6_SUPER_D = 14,       /* 6-bit codes (4 + 2 bit planes), Q6_K's d as stored */
-  VERISPEC_Q6_SUPER_A8 = 15,      /* the same (in kind 3's order) times 8-bit inputs (Q6_K, a8) */
+  VERISPEC_Q6_SUPER_A8 = 15,      /* the same (in Q8_A8's order) times 8-bit inputs (Q6_K, a8) */
 } WeightFormat;
 
 /* The GGML types blocks.c decodes, by llama.cpp's enum ggml_type values (gguf-py's
@@ -48,7 +49,7 @@ typedef enum verispec_ggml_type {
 
 /* A product's isa argument: in bits 0-1 the instruction sets it may use (0 = portable C,
  * 1 = AVX2 + F16C + FMA, 2 = AVX-512 F and BW), in bits 2-3 the integer dot product of its
- * 8-bit products (a8 kinds), one of these; a wider one than verispec_linear_dot reports for
+ * 8-bit products (a8 formats), one of these; a wider one than verispec_linear_dot reports for
  * that instruction set is narrowed to it. */
 #define VERISPEC_DOT_SCALAR 0   /* portable.c's loop (isa 0; the tests' reference) */
 #define VERISPEC_DOT_MADDUBS 1  /* AVX2: vpmaddubsw, then vpmaddwd */
