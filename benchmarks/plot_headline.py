@@ -1,8 +1,8 @@
 """Draw the README's headline plot (docs/headline.png) from the figures of its table.
 
-Nothing is measured here: the figures are copied from benchmarks/README.md, section
-"Zen 5, Q6_K as stored, a8 pairs widening by chunk (2026-12-03, AMD EPYC)", the final run of
-`real_pair.py --rounds 3` (decode tokens/s, median of 3 rounds) and its SmolLM2 run.
+Nothing is measured here: the figures are copied from docs/benchmarks.md, section
+"2026-12-03 07:34-09:09, AMD EPYC Zen 5: Q6_K as stored, a8 pairs widening by chunk", the final
+run of `real_pair.py --rounds 3` (decode tokens/s, median of 3 rounds) and its SmolLM2 run.
 Rerun after changing a figure there and in README.md: `python benchmarks/plot_headline.py`.
 """
 
@@ -23,7 +23,7 @@ LLAMA_CPP = "#8c8c8c"
 
 @dataclass(frozen=True)
 class Bar:
-    """One engine's decode tokens/s as benchmarks/README.md reports it."""
+    """One engine's decode tokens/s as docs/benchmarks.md reports it."""
 
     label: str
     tokens_per_s: float
@@ -38,9 +38,9 @@ class Panel:
     bars: tuple[Bar, ...]
 
 
-# benchmarks/README.md: the Qwen panel from "Speculation that pays on the pair" (13:00-13:20
-# UTC, code_chat, medians of 2 rounds), the SmolLM2 one from "Zen 5, Q6_K as stored, a8 pairs
-# widening by chunk" (08:38 UTC).
+# docs/benchmarks.md: the Qwen panel from "2026-12-03 11:42-15:57 ...: speculation that pays on
+# the Qwen pair" (13:00-13:20 UTC, code_chat, medians of 2 rounds), the SmolLM2 one from
+# "2026-12-03 07:34-09:09 ...: Q6_K as stored, a8 pairs widening by chunk" (08:38 UTC).
 PANELS = (
     Panel(
         "Qwen2.5-Coder-1.5B-Instruct Q4_K_M, code chat\n(draft: the 0.5B; 256 greedy tokens)",

@@ -35,7 +35,7 @@ class Measured:
 def summarise(
     m: Measured, group: Group, sampling: Sampling, config: BenchConfig, draft_cost: float | None
 ) -> dict[str, Any]:
-    """One row of the report (field names as documented in docs/benchmarks.md)."""
+    """One row of the report (field names as documented in benchmarks/README.md)."""
     med = statistics.median
     ttfts = [r.ttft_s for run in m.runs for r in run.requests]
     itls = [g for run in m.runs for r in run.requests for g in r.itl_s]

@@ -37,7 +37,7 @@ CHECK_WINDOW = 16
 """Recent decode steps, drafting and not, whose measured / predicted times calibrate drafts."""
 VERIFY_COST_PER_TOKEN = 0.1
 """A verify forward of k + 1 tokens costs 1 + VERIFY_COST_PER_TOKEN k decode steps (fitted to
-SmolLM2-135M's measured verify costs on a 2-core CPU: benchmarks/README.md)."""
+SmolLM2-135M's measured verify costs on a 2-core CPU: docs/benchmarks.md)."""
 
 
 def expected_accepted(alpha: float, depth: int) -> float:

@@ -91,7 +91,7 @@ class NamedModel:
     draft_rounding: str = "w8a8"
     """The quantization "auto" gives this model when it drafts (where the native kernel's 8-bit
     products run on AVX-512 VNNI; as stored elsewhere): "w8a8", or "w4a8" where its 4-bit
-    products were measured faster for the acceptance they keep (benchmarks/README.md)."""
+    products were measured faster for the acceptance they keep (docs/benchmarks.md)."""
     head: str | None = None
     """The EAGLE head trained for it (a directory in models/embedded/heads/, also loadable by
     this name)."""
@@ -100,7 +100,7 @@ class NamedModel:
     the model's other drafters (docs/benchmarks.md)."""
     auto_draft: bool = True
     """Whether speculative="auto" drafts with the draft model (else prompt lookup): only where
-    it was measured faster than plain decoding (benchmarks/README.md, real_pair.py)."""
+    it was measured faster than plain decoding (docs/benchmarks.md, real_pair.py)."""
 
 
 NAMED_MODELS = MappingProxyType({

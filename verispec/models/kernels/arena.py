@@ -17,7 +17,7 @@ def into_arena(packed: list[torch.Tensor]) -> list[torch.Tensor]:
 
     Why: a decode step runs its products one after another, each over a few megabytes. Apart,
     each starts cold on 4 KiB pages (TLB misses, prefetchers ramping up); in one arena of huge
-    pages, in forward order, they stream at about 1.35x the rate (benchmarks/README.md). Where
+    pages, in forward order, they stream at about 1.35x the rate (docs/benchmarks.md). Where
     madvise is missing or refused the arena still holds them in order. Each entry of packed is
     replaced by its view as it is copied, so a caller that passes the only references frees
     the originals one by one.

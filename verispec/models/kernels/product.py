@@ -5,7 +5,7 @@ Why: on a 2-core CPU a decode step is bound by streaming the weights, and torch'
 float32 weights at about 0.9 and float16 ones at about 0.6 of what a plain `torch.sum` reads.
 This kernel reads a packed copy front to back, 16 weight rows at a time, in the fewest bytes
 that hold every value exactly (8-bit affine codes for weights dequantized from GGUF blocks,
-float16, or float32), near the read bandwidth (benchmarks/README.md, `linear_kernels.py`).
+float16, or float32), near the read bandwidth (docs/benchmarks.md, `linear_kernels.py`).
 Its results are also row-invariant: a row of a verify step is bit-for-bit the decode step of
 the same input, so the batch-invariant mode needs no row-by-row products.
 """

@@ -33,7 +33,7 @@ AUTO_DRAFT = "auto"
 """SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
 "w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
 products run in integers (AVX-512 VNNI, AVX-VNNI or AVX2: a draft need not be exact, and its
-steps then cost much less: benchmarks/README.md), else as stored; heads as stored."""
+steps then cost much less: docs/benchmarks.md), else as stored; heads as stored."""
 
 
 def draft_quantization(
