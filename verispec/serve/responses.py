@@ -55,16 +55,24 @@ class CompletionChoice(_TokenIds):
     """Streamed chunks only."""
 
 
-class CompletionResponse(BaseModel):
+class _Envelope(BaseModel):
+    """The fields every completion object carries, in OpenAI's order; each object names its
+    own `object` and choices (a subclass's override keeps the field's place)."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[Any]
     usage: Usage | None = None
     speculation: dict[str, Any] | None = None
     """What speculative decoding did (summed over the choices): verify steps, draft and
     accepted tokens, acceptance rate, mean acceptance length, per-position rates."""
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class TopLogprob(BaseModel):
@@ -107,14 +115,10 @@ class ChatChoice(_TokenIds):
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
-    speculation: dict[str, Any] | None = None
 
 
 class DeltaFunction(BaseModel):
@@ -145,14 +149,9 @@ class ChatChunkChoice(_TokenIds):
     speculation: StepSpeculation | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    speculation: dict[str, Any] | None = None
 
 
 class ModelCard(BaseModel):
