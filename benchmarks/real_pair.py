@@ -75,7 +75,6 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from verispec import LLM, SamplingParams
-    from verispec.cli.options import from_draft_flag
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -94,7 +93,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         spec = {"method": args.method, "num_speculative_tokens": args.k}
     numerics = {}  # no :quantization in the config: the library's default numerics
     if args.quantization is not None:
-        numerics["quantization"] = from_draft_flag(args.quantization)
+        numerics["quantization"] = None if args.quantization == "none" else args.quantization
     llm = LLM(model=args.target, speculative=spec, **numerics)
     load_s = time.perf_counter() - start
     llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4))  # warm-up

@@ -245,17 +245,7 @@ A8_TARGET INLINE void A8(block)(const RoundedRows r, const uint8_t *codes, const
   const char *next_scales = sb + scale_bytes;
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8, next = NULL) A8_AVX2_TILE(8);
-  if (t + 4 <= T) {
-    A8_AVX2_TILE(4);
-    t += 4, next = NULL;
-  }
-  switch (T - t) {
-    case 3: A8_AVX2_TILE(3); break;
-    case 2: A8_AVX2_TILE(2); break;
-    case 1: A8_AVX2_TILE(1); break;
-    default: break;
-  }
+  ROW_TILES(A8_AVX2_TILE);
 }
 
 /* One OpenMP loop over the blocks per format, so that the format is a constant in the loop's body

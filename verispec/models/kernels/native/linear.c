@@ -890,6 +890,23 @@ VNNI INLINE void tile_a8_vnni(const RoundedRows r, const uint8_t *cb, const char
                           bias ? _mm512_add_ps(acc[i], b) : acc[i]);
 }
 
+/* A block's T rows in tiles of 8 (the prefetch of the next block goes with the first tile),
+ * then one of 4, then what is left: TILE(TN) computes rows t .. t + TN - 1 of the block. */
+#define ROW_TILES(TILE)                                     \
+  do {                                                      \
+    for (; t + 8 <= T; t += 8, next = NULL) TILE(8);        \
+    if (t + 4 <= T) {                                       \
+      TILE(4);                                              \
+      t += 4, next = NULL;                                  \
+    }                                                       \
+    switch (T - t) {                                        \
+      case 3: TILE(3); break;                               \
+      case 2: TILE(2); break;                               \
+      case 1: TILE(1); break;                               \
+      default: break;                                       \
+    }                                                       \
+  } while (0)
+
 #define A8_TILE(TN) \
   tile_a8_vnni(r, cb, sb, bias, y, K, ldy, n0, rows, t, TN, next, next_scales, nib, f32)
 
@@ -939,17 +956,7 @@ VNNI INLINE void a8_block(const RoundedRows r, const uint8_t *codes, const char 
   const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL;
   const char *next_scales = stored + scale_bytes;
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8, next = NULL) A8_TILE(8);
-  if (t + 4 <= T) {
-    A8_TILE(4);
-    t += 4, next = NULL;
-  }
-  switch (T - t) {
-    case 3: A8_TILE(3); break;
-    case 2: A8_TILE(2); break;
-    case 1: A8_TILE(1); break;
-    default: break;
-  }
+  ROW_TILES(A8_TILE);
 }
 
 /* Chunk c's d and m of a block's Q4_K super scales as stored (Q4_SUPER_A8): d16 sc and (-dmin) mn,
@@ -1149,17 +1156,7 @@ VNNI INLINE void q6_a8_block(const RoundedRows r, const uint8_t *codes, const ch
   const uint8_t *next = b + 1 < blocks ? cb + block_bytes : NULL, *next_scales = sb + scale_bytes;
   const int64_t n0 = b * R, rows = N - n0 < R ? N - n0 : R;
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8, next = NULL) Q6_TILE(8);
-  if (t + 4 <= T) {
-    Q6_TILE(4);
-    t += 4, next = NULL;
-  }
-  switch (T - t) {
-    case 3: Q6_TILE(3); break;
-    case 2: Q6_TILE(2); break;
-    case 1: Q6_TILE(1); break;
-    default: break;
-  }
+  ROW_TILES(Q6_TILE);
 }
 
 /* By format: Q8_A8, Q8_F32_A8 (8-bit codes), Q4_A8, Q4_F32_A8, Q4_SUPER_A8 (4-bit codes),
