@@ -1,5 +1,5 @@
-"""Engine, cache and speculative configuration dataclasses: a leaf, importing nothing above
-the model kernels' constants. Each dataclass checks only its own fields (ValueError, never
+"""Engine, cache and speculative configuration dataclasses: a leaf, importing only the
+numerics' names (types/numerics.py). Each dataclass checks only its own fields (ValueError, never
 asserts); which options a method reads, and what "auto" means for a model, are the registry's and
 the resolver's (drafters/registry.py, spec/resolve.py)."""
 
@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from verispec.models.kernels.backends import LinearBackend
-from verispec.models.kernels.compiled import check_compile
-from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, check_quantization
+from verispec.types.numerics import (
+    AUTO_DRAFT,
+    AUTO_NUMERICS,
+    LinearBackend,
+    check_compile,
+    check_quantization,
+)
 
 MAX_SPECULATIVE_TOKENS = 16
 MAX_TREE_NODES = 64

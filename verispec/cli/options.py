@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from verispec.config import SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.kv.memory import parse_size
-from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
@@ -22,6 +21,7 @@ from verispec.spec.resolve import (
     spec_from_dict,
 )
 from verispec.types.chat import check_text
+from verispec.types.numerics import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.types.sampling_params import SamplingParams
 from verispec.types.stats import SpecStats
 

@@ -29,9 +29,9 @@ from verispec.drafters.suffix import SuffixProposer
 from verispec.engine.drafter import Proposer, TargetInfo
 from verispec.models.eagle import load_eagle_head
 from verispec.models.kernels.backends import choose_backend
-from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path
+from verispec.types.numerics import AUTO_DRAFT
 
 
 def _reads(option: type[Any], doc: str) -> property:

@@ -25,8 +25,9 @@ from verispec.drafters.registry import (
 )
 from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import DEFAULT_MODEL, NAMED_MODELS
-from verispec.models.kernels.quantization import AUTO_DRAFT, draft_quantization
+from verispec.models.kernels.quantization import draft_quantization
 from verispec.models.weights.loader import resolve_device, resolve_dtype
+from verispec.types.numerics import AUTO_DRAFT
 
 SpecRequest = SpecConfig | Mapping[str, Any] | Literal["auto"] | None
 """What users may ask for: a SpecConfig, its dict form (vLLM's speculative_config), "auto" (the
