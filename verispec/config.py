@@ -113,11 +113,12 @@ class EngineConfig:
     prefix hit reuses as many blocks as the head's own cache also holds
     (engine/drafter.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
-    speculative: SpecConfig | Literal["auto"] | None = "auto"
+    speculative: SpecConfig | ResolvedSpec | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
     drafter (prompt lookup for the default chat model, the embedded draft for embedded-code),
-    plain decoding for any other model. The API layer resolves it (LLM: spec/resolve.py,
-    resolve_speculative) and the engine takes only the SpecConfig that runs, or None."""
+    plain decoding for any other model. The API layer resolves it once (spec/resolve.py) and
+    the engine takes only the ResolvedSpec that says so, or None; its own config then holds
+    the SpecConfig that runs."""
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, extra=(AUTO_NUMERICS,))
@@ -142,7 +143,8 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}"
             )
-        if self.speculative != "auto" and not isinstance(self.speculative, SpecConfig | None):
+        spec = self.speculative
+        if spec != "auto" and not isinstance(spec, SpecConfig | ResolvedSpec | None):
             raise ValueError(
                 f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
             )
@@ -248,6 +250,16 @@ class SpecConfig:
     def suffix_config(self) -> SuffixConfig:
         """The suffix_decoding_* options as the suffix drafter's SuffixConfig."""
         return self.options(SuffixConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedSpec:
+    """A SpecConfig checked and resolved once, at the API boundary (spec/resolve.py): its
+    method's options filled, its draft named, its "auto" decided. The engine takes only this,
+    so nothing below the API resolves again; any change (dataclasses.replace of .spec) makes
+    a plain SpecConfig that must be resolved anew."""
+
+    spec: SpecConfig
 
 
 @dataclass(frozen=True, slots=True)

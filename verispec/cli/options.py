@@ -9,7 +9,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from verispec.config import SpecConfig
+from verispec.config import ResolvedSpec, SpecConfig
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.kv.memory import parse_size
 from verispec.spec.resolve import (
@@ -17,7 +17,7 @@ from verispec.spec.resolve import (
     SpecRequest,
     default_drafter,
     own_drafter,
-    resolve_speculative,
+    resolve,
     spec_from_dict,
 )
 from verispec.types.chat import check_text
@@ -127,18 +127,26 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
 )
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | None:
-    """The fully resolved SpecConfig the options ask for (spec/resolve.py), None for plain
-    decoding; ValueError on a contradiction, naming the flags. Method names stay in the
-    registry: whether a method takes a draft checkpoint is asked of it."""
+def resolved_spec(args: argparse.Namespace) -> ResolvedSpec | None:
+    """The resolved configuration the options ask for (spec/resolve.py), None for plain
+    decoding: what load_llm hands LLM, which then resolves nothing again; ValueError on a
+    contradiction, naming the flags. Method names stay in the registry: whether a method takes
+    a draft checkpoint is asked of it."""
     request, overrides = spec_request(args)
     runtime = DraftRuntime(device=getattr(args, "device", None) or "auto",
                            dtype=getattr(args, "dtype", None) or "auto",
                            compile=bool(getattr(args, "compile", False)))  # fmt: skip
     try:
-        return resolve_speculative(args.model, request, overrides, runtime=runtime)
+        return resolve(args.model, request, overrides, runtime=runtime)
     except ValueError as e:
         raise ValueError(flag_names(str(e))) from None
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | None:
+    """The SpecConfig that runs for the options (resolved_spec's, as plain data), None for
+    plain decoding."""
+    resolved = resolved_spec(args)
+    return None if resolved is None else resolved.spec
 
 
 def spec_request(args: argparse.Namespace) -> tuple[SpecRequest, dict[str, Any]]:
@@ -258,7 +266,7 @@ def load_llm(args: argparse.Namespace) -> LLM:
     from verispec import LLM
 
     check_arguments(args)
-    spec = spec_config(args)
+    spec = resolved_spec(args)
     engine_options: dict[str, Any] = {}
     if getattr(args, "max_num_seqs", None) is not None:
         engine_options["max_num_seqs"] = args.max_num_seqs

@@ -15,6 +15,7 @@ from verispec.config import (
     HeadConfig,
     LookupGraftConfig,
     PromptLookupConfig,
+    ResolvedSpec,
     SelfDraftConfig,
     SpecConfig,
     SuffixConfig,
@@ -189,10 +190,9 @@ def method_names() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
-def make_proposer(spec: SpecConfig, target: TargetInfo) -> Proposer:
-    """The drafter for spec.method (spec checked and its defaults filled first)."""
-    spec = check_spec(spec)
-    return method(spec.method).make(spec, target)
+def make_proposer(resolved: ResolvedSpec, target: TargetInfo) -> Proposer:
+    """The drafter for a resolved configuration (spec/resolve.py checked and filled it)."""
+    return method(resolved.spec.method).make(resolved.spec, target)
 
 
 def make_model_free_proposer(spec: SpecConfig) -> Proposer:
