@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from verispec.config import ResolvedSpec, SpecConfig
+from verispec.config import ResolvedSpec, SpecConfig, SpecError
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.kv.memory import parse_size
 from verispec.spec.resolve import (
@@ -125,6 +124,8 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--self-skip-layers", "self_skip_layers"),
     ("--self-calibration", "self_calibration"),
 )
+FLAG_OF_FIELD = {field: flag for flag, field in SPEC_FLAGS}
+"""How the CLI words a SpecConfig field in an error (SpecError.worded): by its flag."""
 
 
 def resolved_spec(args: argparse.Namespace) -> ResolvedSpec | None:
@@ -138,8 +139,8 @@ def resolved_spec(args: argparse.Namespace) -> ResolvedSpec | None:
                            compile=bool(getattr(args, "compile", False)))  # fmt: skip
     try:
         return resolve(args.model, request, overrides, runtime=runtime)
-    except ValueError as e:
-        raise ValueError(flag_names(str(e))) from None
+    except SpecError as e:
+        raise ValueError(e.worded(FLAG_OF_FIELD)) from None
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | None:
@@ -180,7 +181,7 @@ def spec_request(args: argparse.Namespace) -> tuple[SpecRequest, dict[str, Any]]
                              "id; for a head method, its directory)")  # fmt: skip
         if not takes_draft and args.draft is not None:
             raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
-    return _spec(method=args.method or DEFAULT_METHOD, model=args.draft), overrides
+    return SpecConfig(method=args.method or DEFAULT_METHOD, model=args.draft), overrides
 
 
 def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
@@ -211,25 +212,6 @@ def _int_list(text: str) -> list[int]:
 
 def _attr(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
-
-
-def _spec(**options: Any) -> SpecConfig:
-    """SpecConfig(**options), its ValueError worded with the flags the user typed."""
-    try:
-        return SpecConfig(**options)
-    except ValueError as e:
-        raise ValueError(flag_names(str(e))) from None
-
-
-def flag_names(message: str) -> str:
-    """A SpecConfig message with each field name replaced by the flag that sets it.
-
-    >>> flag_names("num_speculative_tokens must be an integer in [1, 16], got 0")
-    '--k must be an integer in [1, 16], got 0'
-    """
-    for flag, field in SPEC_FLAGS:
-        message = re.sub(rf"\b(?:speculative )?{field}\b", flag, message)
-    return message
 
 
 def check_arguments(args: argparse.Namespace) -> None:

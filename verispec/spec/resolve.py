@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from verispec.config import EngineConfig, ResolvedSpec, SpecConfig
+from verispec.config import EngineConfig, ResolvedSpec, SpecConfig, SpecError, field_list
 from verispec.drafters.registry import (
     DEFAULT_METHOD,
     HEAD_METHOD,
@@ -148,7 +148,7 @@ def _check_keys(options: Mapping[str, Any], problem: str) -> None:
 def _refuse_overrides(overrides: Mapping[str, Any], problem: str) -> None:
     """ValueError when overrides were given where nothing drafts: they would be dropped."""
     if overrides:
-        raise ValueError(f"{', '.join(overrides)} {problem}")
+        raise SpecError(*field_list(list(overrides)), f" {problem}")
 
 
 def default_drafter(model: str | None) -> SpecConfig | None:

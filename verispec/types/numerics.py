@@ -35,9 +35,18 @@ def check_quantization(
 ) -> None:
     """ValueError unless name is None or one of QUANTIZATIONS (or extra: AUTO_NUMERICS for a
     target, AUTO_DRAFT for a draft)."""
+    problem = quantization_problem(name, extra)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
+
+
+def quantization_problem(name: str | None, extra: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with a quantization name, after the name of what it sets (None: nothing).
+    Example: "q4" -> "must be one of fp16, int8, q8_0, a8, w8a8, w4a8 or None (off); got 'q4'"."""
     allowed = (*QUANTIZATIONS, *extra)
     if name is not None and name not in allowed:
-        raise ValueError(f"{what} must be one of {', '.join(allowed)} or None (off); got {name!r}")
+        return f"must be one of {', '.join(allowed)} or None (off); got {name!r}"
+    return None
 
 
 def check_compile(compile: bool, batch_invariant: bool) -> None:
