@@ -34,7 +34,6 @@ from verispec.models.eagle import load_eagle_head
 from verispec.models.kernels.backends import choose_backend
 from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path
-from verispec.types.numerics import AUTO_DRAFT
 
 
 def _reads(option: type[Any], doc: str) -> property:
@@ -77,7 +76,7 @@ class Method:
 def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
-                           target.batch_invariant, _head_quantization(spec),
+                           target.batch_invariant, spec.quantization,
                            target.compile)  # fmt: skip
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
                          spec.tree_depth or 1, target, _lookup(spec))  # fmt: skip
@@ -88,12 +87,6 @@ def _lookup(spec: SpecConfig) -> Lookup | None:
     return LookupGraftConfig.of(spec).lookup(PromptLookupConfig.of(spec))
 
 
-def _head_quantization(spec: SpecConfig) -> str | None:
-    """A head's weights as stored under "auto" (resolve_speculative decides it so already; a
-    SpecConfig built by hand may still say "auto")."""
-    return None if spec.quantization == AUTO_DRAFT else spec.quantization
-
-
 def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
     return make_self_proposer(spec.self_skip_layers, spec.self_calibration,
                               spec.num_speculative_tokens, target)  # fmt: skip
@@ -102,7 +95,7 @@ def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
-                              target.batch_invariant, _head_quantization(spec))  # fmt: skip
+                              target.batch_invariant, spec.quantization)  # fmt: skip
     k = spec.num_speculative_tokens
     depth = spec.tree_depth or (k if (spec.tree_topk or 1) == 1 else heads.config.num_heads)
     return MedusaProposer(heads, k, spec.tree_topk or 1, depth)
