@@ -1,16 +1,23 @@
-"""Engine, cache and speculative configuration dataclasses: a leaf, importing nothing above
-the model kernels' constants. Each dataclass checks only its own fields (ValueError, never
-asserts); which options a method reads, and what "auto" means for a model, are the registry's and
-the resolver's (drafters/registry.py, spec/resolve.py)."""
+"""Engine, cache and speculative configuration dataclasses: a leaf, importing only the
+numerics' names (types/numerics.py). Each dataclass checks only its own fields (ValueError, never
+asserts); each method's options live beside its drafter, which options a method reads is the
+registry's, and what "auto" means for a model the resolver's (drafters/registry.py,
+spec/resolve.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from verispec.models.kernels.backends import LinearBackend
-from verispec.models.kernels.compiled import check_compile
-from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, check_quantization
+from verispec.types.numerics import (
+    AUTO_DRAFT,
+    AUTO_NUMERICS,
+    LinearBackend,
+    check_compile,
+    check_quantization,
+    quantization_problem,
+)
 
 MAX_SPECULATIVE_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -109,11 +116,12 @@ class EngineConfig:
     prefix hit reuses as many blocks as the head's own cache also holds
     (engine/drafter.py, DrafterPrefix)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
-    speculative: SpecConfig | Literal["auto"] | None = "auto"
+    speculative: SpecConfig | ResolvedSpec | Literal["auto"] | None = "auto"
     """Speculative decoding; None = plain autoregressive decoding; "auto" = a named model's own
     drafter (prompt lookup for the default chat model, the embedded draft for embedded-code),
-    plain decoding for any other model. The API layer resolves it (LLM: spec/resolve.py,
-    resolve_speculative) and the engine takes only the SpecConfig that runs, or None."""
+    plain decoding for any other model. The API layer resolves it once (spec/resolve.py) and
+    the engine takes only the ResolvedSpec that says so, or None; its own config then holds
+    the SpecConfig that runs."""
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, extra=(AUTO_NUMERICS,))
@@ -138,7 +146,8 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}"
             )
-        if self.speculative != "auto" and not isinstance(self.speculative, SpecConfig | None):
+        spec = self.speculative
+        if spec != "auto" and not isinstance(spec, SpecConfig | ResolvedSpec | None):
             raise ValueError(
                 f"speculative must be a SpecConfig, None or 'auto'; got {self.speculative!r}"
             )
@@ -212,179 +221,64 @@ class SpecConfig:
     from your own prompts: drafters/skip_search.py)."""
 
     def __post_init__(self) -> None:
-        """Checks the fields on their own; num_speculative_tokens's range, and which options
-        the method reads, are its method's (drafters/registry.py, check_spec)."""
+        """Checks the fields that are no method's; each method's options, num_speculative_tokens's
+        range and which options a method reads are checked beside its drafter, when resolved
+        (drafters/registry.py, check_spec)."""
         if not isinstance(self.method, str) or not self.method:
             raise ValueError(f"speculative method must be a method name (a string), got "
                              f"{self.method!r}")  # fmt: skip
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
-        check_quantization(self.quantization, "speculative quantization", (AUTO_DRAFT,))
-        for name in ("tree_topk", "tree_depth"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1
-            ):
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
-            PromptLookupConfig.of(self)  # the bounds, one of them defaulted
-        self.options(DraftModelConfig)  # draft_vocab_size's range
-        try:
-            self.suffix_config()
-        except ValueError as e:
-            raise ValueError(f"suffix_decoding_{e}") from None
-        self.self_skip_layers = SelfDraftConfig.of(self).skip_layers
+        problem = quantization_problem(self.quantization, (AUTO_DRAFT,))
+        if problem is not None:
+            raise SpecError(SpecField("quantization", "speculative quantization"), f" {problem}")
 
     def options(self, cls: type[Any]) -> Any:
-        """The options of one kind (a class of this module with SPEC_FIELDS) that this
-        configuration gives, as that class; their defaults fill fields left None."""
+        """The options of one method's kind (a class beside its drafter, with SPEC_FIELDS: its
+        option names -> these fields) that this configuration gives, as that class; their
+        defaults fill fields left None."""
         given = {name: getattr(self, spec_field) for name, spec_field in cls.SPEC_FIELDS.items()}
         return cls(**{name: value for name, value in given.items() if value is not None})
 
-    def suffix_config(self) -> SuffixConfig:
-        """The suffix_decoding_* options as the suffix drafter's SuffixConfig."""
-        return self.options(SuffixConfig)
+
+@dataclass(frozen=True, slots=True)
+class SpecField:
+    """A SpecConfig field an error names: written `text` (default: the field's name) by the
+    library, and as the flag that sets it by the CLI."""
+
+    name: str
+    text: str | None = None
+
+
+class SpecError(ValueError):
+    """A ValueError about speculative options whose message names SpecConfig fields as SpecField
+    parts, so that each boundary words them its own way: str() by field, as the library and
+    vLLM's dict form name them; worded(flags) by the CLI's flags."""
+
+    def __init__(self, *parts: str | SpecField) -> None:
+        self.parts = parts
+        super().__init__(self.worded({}))
+
+    def worded(self, names: Mapping[str, str]) -> str:
+        """The message with each field written as names gives it (else as the library)."""
+        return "".join(p if isinstance(p, str) else names.get(p.name, p.text or p.name)
+                       for p in self.parts)  # fmt: skip
+
+
+def field_list(names: Sequence[str]) -> list[str | SpecField]:
+    """Fields joined by commas, as SpecError parts: ["a", "b"] -> [SpecField("a"), ", ",
+    SpecField("b")]."""
+    parts: list[str | SpecField] = []
+    for i, name in enumerate(names):
+        parts += [", ", SpecField(name)] if i else [SpecField(name)]
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
-class DraftModelConfig:
-    """A draft model's options: its checkpoint, how its weights are rounded, and how much of
-    the vocabulary its LM head keeps."""
+class ResolvedSpec:
+    """A SpecConfig checked and resolved once, at the API boundary (spec/resolve.py): its
+    method's options filled, its draft named, its "auto" decided. The engine takes only this,
+    so nothing below the API resolves again; any change (dataclasses.replace of .spec) makes
+    a plain SpecConfig that must be resolved anew."""
 
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization",
-                                             "draft_vocab_size": "draft_vocab_size"}  # fmt: skip
-    model: str = ""
-    """Draft checkpoint directory, GGUF file, named model or hub id."""
-    quantization: str | None = None
-    draft_vocab_size: int | None = None
-    """Token ids the draft's head keeps (SpecConfig.draft_vocab_size); None = all. Its upper
-    bound, the vocabulary, is checked at load (drafters/draft_vocab.py)."""
-
-    def __post_init__(self) -> None:
-        size = self.draft_vocab_size
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ValueError(f"draft_vocab_size must be an integer >= 1 (the token ids the draft's "
-                             f"LM head keeps) or None for the whole vocabulary, got "
-                             f"{size!r}")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class HeadConfig:
-    """A drafter head's options (EAGLE, Medusa): its directory (or shipped name)."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization"}
-    model: str = ""
-    quantization: str | None = None
-    """As stored unless given ("auto" resolves to as stored for heads)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PromptLookupConfig:
-    """Prompt lookup's n-gram bounds: the longest suffix first, down to the shortest."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"min": "prompt_lookup_min",
-                                             "max": "prompt_lookup_max"}  # fmt: skip
-    min: int = 2
-    max: int = 4
-
-    def __post_init__(self) -> None:
-        lo, hi = self.min, self.max
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi))
-        if not (ints and 1 <= lo <= hi):
-            raise ValueError(
-                "prompt_lookup_min and prompt_lookup_max must be integers with "
-                f"1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"
-            )
-
-    @classmethod
-    def of(cls, spec: SpecConfig) -> PromptLookupConfig:
-        return spec.options(cls)
-
-
-@dataclass(frozen=True, slots=True)
-class TreeConfig:
-    """A tree's shape: children per node and levels (None, None: a chain)."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"topk": "tree_topk", "depth": "tree_depth"}
-    topk: int | None = None
-    depth: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LookupGraftConfig:
-    """A prompt-lookup chain grafted onto each tree (its bounds: PromptLookupConfig)."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"tokens": "prompt_lookup_tokens"}
-    tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SuffixConfig:
-    """Suffix decoding's limits (vLLM's suffix_decoding_* options)."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {
-        name: f"suffix_decoding_{name}"
-        for name in ("max_tree_depth", "max_spec_factor", "min_token_prob", "max_cached_requests")
-    }
-    max_tree_depth: int = 24
-    """Longest run the tries count: the matched suffix plus the drafted path below it."""
-    max_spec_factor: float = 1.0
-    """Node budget per step: at most this many times the matched suffix's length."""
-    min_token_prob: float = 0.1
-    """Smallest empirical probability of a drafted node's path."""
-    max_cached_requests: int = 10_000
-    """Finished requests' outputs kept to draft from (oldest evicted; 0 = none)."""
-
-    def __post_init__(self) -> None:
-        def number(value: object) -> bool:
-            return isinstance(value, int | float) and not isinstance(value, bool)
-
-        depth, factor, prob, cached = (self.max_tree_depth, self.max_spec_factor,
-                                       self.min_token_prob, self.max_cached_requests)  # fmt: skip
-        if not (isinstance(depth, int) and number(depth) and depth >= 1):
-            raise ValueError(f"max_tree_depth must be an integer >= 1, got {depth!r}")
-        if not (number(factor) and 0 < factor < float("inf")):
-            raise ValueError(f"max_spec_factor must be a number > 0, got {factor!r}")
-        if not (number(prob) and 0 <= prob <= 1):
-            raise ValueError(f"min_token_prob must be a number in [0, 1], got {prob!r}")
-        if not (isinstance(cached, int) and number(cached) and cached >= 0):
-            raise ValueError(f"max_cached_requests must be an integer >= 0, got {cached!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class SelfDraftConfig:
-    """Self-speculation's options: the layers its draft skips, or a calibration file holding
-    them, not both (neither: calibrated at load)."""
-
-    SPEC_FIELDS: ClassVar[dict[str, str]] = {"skip_layers": "self_skip_layers",
-                                             "calibration": "self_calibration"}  # fmt: skip
-    skip_layers: tuple[int, ...] | None = None
-    """Distinct layer indices >= 0 (a list or tuple, any order; kept sorted). The target's
-    layer count is checked at load (drafters/self_draft.check_skip_layers)."""
-    calibration: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.skip_layers is not None and self.calibration is not None:
-            raise ValueError("give self_skip_layers or self_calibration, not both: a calibration "
-                             "file holds its own skip set")  # fmt: skip
-        value = self.skip_layers
-        if value is not None:
-            layers = isinstance(value, list | tuple) and all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
-            )
-            if not layers or not value:
-                raise ValueError(f"self_skip_layers must be a non-empty list of layer indices "
-                                 f"(integers >= 0), e.g. (10, 14, 20), or None to calibrate; got "
-                                 f"{value!r}")  # fmt: skip
-            if len(set(value)) != len(value):
-                raise ValueError(f"self_skip_layers names a layer twice: {value!r}")
-            object.__setattr__(self, "skip_layers", tuple(sorted(value)))
-        if self.calibration is not None and (
-            not isinstance(self.calibration, str) or not self.calibration
-        ):
-            raise ValueError(f"self_calibration must be a file path (a string), got "
-                             f"{self.calibration!r}")  # fmt: skip
-
-    @classmethod
-    def of(cls, spec: SpecConfig) -> SelfDraftConfig:
-        return cls(spec.self_skip_layers, spec.self_calibration)
+    spec: SpecConfig

@@ -305,6 +305,26 @@ def test_readme_main_job_answers_in_a_real_process(smollm2_path: Path) -> None:
     assert "tokens/s" in stats and "drafts" in stats, stats
 
 
+def test_the_cli_resolves_once_and_hands_llm_the_result(monkeypatch) -> None:
+    """load_llm resolves the flags into a ResolvedSpec and LLM passes it to the engine as it
+    is: the resolver's last stage runs once, and the engine gets that very object."""
+    import verispec.api.llm as api_llm
+    from verispec.spec import resolve as resolve_module
+
+    finished: list[object] = []
+    real_finish = resolve_module._finish
+    monkeypatch.setattr(resolve_module, "_finish",
+                        lambda *a: finished.append(real_finish(*a)) or finished[-1])  # fmt: skip
+    engines: list[tuple[object, object]] = []
+    monkeypatch.setattr(api_llm, "Engine",
+                        lambda config, drafter, progress: engines.append((config, drafter)))
+    args = build_parser().parse_args(["generate", "x", "--method", MODEL_FREE_METHOD, "--k", "3"])
+    cli_options.load_llm(args)
+    assert len(finished) == 1 and len(engines) == 1
+    config, drafter = engines[0]
+    assert config.speculative is finished[0] and drafter is not None  # type: ignore[attr-defined]
+
+
 def test_default_model_drafts_by_prompt_lookup() -> None:
     """SmolLM2's shipped head is not its default drafter: prompt lookup was measured faster
     (hub.py); the head stays one --method away (next test)."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 import verispec
-from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES, SpecConfig
+from verispec.config import MAX_SPECULATIVE_TOKENS, MAX_TREE_NODES, SpecConfig, SpecError
 from verispec.drafters.registry import check_spec, method_names, takes_model
 from verispec.models.catalog import default as default_models
 from verispec.spec import resolve as resolve_module
@@ -105,7 +105,7 @@ def test_draft_vocab_size_is_for_draft_models_only() -> None:
 def test_bad_draft_vocab_size(size: object) -> None:
     with pytest.raises(ValueError, match="draft_vocab_size must be an integer >= 1 .* or None "
                        f"for the whole vocabulary, got {size!r}"):  # fmt: skip
-        SpecConfig(model="d", draft_vocab_size=size)  # type: ignore[arg-type]
+        checked(model="d", draft_vocab_size=size)
 
 
 def test_options_a_method_would_ignore_are_refused() -> None:
@@ -227,3 +227,25 @@ def test_prompt_lookup_tokens_graft_onto_eagle_trees_and_draft_model_chains() ->
             checked(**head, prompt_lookup_tokens=bad)
     with pytest.raises(ValueError, match="does not use prompt_lookup_max; drop it"):
         checked(**head, prompt_lookup_max=3)
+
+
+def test_errors_name_fields_and_the_cli_words_them_as_its_flags() -> None:
+    """A SpecError names SpecConfig fields as parts: the library's message says the field, the
+    CLI's the flag that sets it, with no rewriting of text."""
+    from verispec.cli.options import FLAG_OF_FIELD
+
+    with pytest.raises(SpecError) as info:
+        checked(method="eagle", model="/h", tree_depth=3)
+    assert str(info.value) == ("tree_depth needs tree_topk >= 2 (a chain's depth is "
+                               "num_speculative_tokens)")  # fmt: skip
+    assert info.value.worded(FLAG_OF_FIELD) == ("--tree-depth needs --tree-topk >= 2 (a chain's "
+                                                 "depth is --k)")  # fmt: skip
+    with pytest.raises(SpecError) as info:
+        SpecConfig(model="d", quantization="q4")
+    assert str(info.value).startswith("speculative quantization must be one of")
+    assert info.value.worded(FLAG_OF_FIELD).startswith("--draft-quantization must be one of")
+    with pytest.raises(SpecError) as info:
+        checked(method="self", model="/d", draft_vocab_size=100)
+    assert info.value.worded(FLAG_OF_FIELD).startswith(
+        "method 'self' does not use model, --draft-vocab-size; drop them"
+    )

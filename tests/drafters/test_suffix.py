@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 
 from tests.helpers.checkpoints import SPEC_PAIRS
 from verispec import LLM, SamplingParams, SpecConfig
-from verispec.config import SuffixConfig
 from verispec.drafters.registry import check_spec
-from verispec.drafters.suffix import SuffixProposer, grow_tree, speculate
+from verispec.drafters.suffix import SuffixConfig, SuffixProposer, grow_tree, speculate
 from verispec.drafters.suffix_trie import CachedOutputs, SuffixTrie, _subtree_size
 from verispec.types.stats import SpecStats
 
@@ -230,15 +229,16 @@ def test_proposer_drafts_from_its_own_tokens_and_finished_outputs() -> None:
 
 def test_spec_config_fills_checks_and_refuses_the_suffix_options() -> None:
     spec = check_spec(SpecConfig(method="suffix", num_speculative_tokens=32))  # a node budget
-    assert spec.suffix_config() == SuffixConfig()  # vLLM's defaults filled in
+    assert SuffixConfig.of(spec) == SuffixConfig()  # vLLM's defaults filled in
+    assert spec.suffix_decoding_max_tree_depth == SuffixConfig().max_tree_depth
     given = SpecConfig(method="suffix", suffix_decoding_max_tree_depth=8,
                        suffix_decoding_max_cached_requests=0)  # fmt: skip
-    assert given.suffix_config() == SuffixConfig(max_tree_depth=8, max_cached_requests=0)
+    assert SuffixConfig.of(given) == SuffixConfig(max_tree_depth=8, max_cached_requests=0)
     for field, value in [("max_tree_depth", 0), ("max_tree_depth", 2.5),
                          ("max_spec_factor", 0), ("max_spec_factor", True),
                          ("min_token_prob", 1.5), ("max_cached_requests", -1)]:  # fmt: skip
         with pytest.raises(ValueError, match=f"suffix_decoding_{field} must be"):
-            SpecConfig(method="suffix", **{f"suffix_decoding_{field}": value})
+            check_spec(SpecConfig(method="suffix", **{f"suffix_decoding_{field}": value}))
     with pytest.raises(ValueError, match="'ngram' does not use suffix_decoding_min_token_prob"):
         check_spec(SpecConfig(method="ngram", suffix_decoding_min_token_prob=0.2))
     with pytest.raises(ValueError, match="'suffix' drafts trees of its own shape and does not"):

@@ -72,13 +72,14 @@ def test_a_drafter_must_pair_its_capabilities() -> None:
 
 
 def test_an_engine_takes_a_resolved_config_and_a_builder_exactly_when_it_speculates() -> None:
-    from verispec.config import EngineConfig, SpecConfig
+    from verispec.config import EngineConfig, ResolvedSpec, SpecConfig
     from verispec.engine.engine import Engine
 
     spec = SpecConfig(method="ngram", num_speculative_tokens=2)
-    with pytest.raises(ValueError, match="resolve 'auto' first"):
-        Engine(EngineConfig(speculative="auto"), lambda target: Plain())  # type: ignore[arg-type, return-value]
+    for unresolved in ("auto", spec):
+        with pytest.raises(ValueError, match="takes a resolved speculative config"):
+            Engine(EngineConfig(speculative=unresolved), lambda target: Plain())  # type: ignore[arg-type, return-value]
     with pytest.raises(ValueError, match="make_drafter"):
-        Engine(EngineConfig(speculative=spec))
+        Engine(EngineConfig(speculative=ResolvedSpec(spec)))
     with pytest.raises(ValueError, match="make_drafter"):
         Engine(EngineConfig(speculative=None), lambda target: Plain())  # type: ignore[arg-type, return-value]

@@ -15,10 +15,10 @@ from verispec.bench.serving import spec_for
 from verispec.cli.main import build_parser, main
 from verispec.cli.options import spec_config
 from verispec.cli.verify import audit_spec
-from verispec.config import EngineConfig
+from verispec.config import EngineConfig, ResolvedSpec
 from verispec.drafters.registry import DEFAULT_METHOD, HEAD_METHOD, MODEL_FREE_METHOD
 from verispec.spec import resolve as resolve_module
-from verispec.spec.resolve import DraftRuntime, own_drafter, resolve_speculative
+from verispec.spec.resolve import DraftRuntime, own_drafter, resolve, resolve_speculative
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 
@@ -163,11 +163,22 @@ def test_auto_for_the_qwen_pair_drafts_with_its_own_draft_as_measured_fastest(
 
 
 def test_resolving_again_changes_nothing() -> None:
-    """The CLI, LLM and the engine may each resolve: a resolved configuration is a fixed point."""
+    """A resolved configuration, changed or not, is a fixed point of the resolver as plain data."""
     for spellings in TABLE.values():
         spec = spellings[0]()
         assert resolve_speculative("embedded-code", spec) == spec
         assert resolve_speculative(None, spec) == spec
+
+
+def test_a_resolved_configuration_passes_through_untouched() -> None:
+    """The CLI hands LLM what it resolved; LLM resolves nothing again: the ResolvedSpec comes
+    back as it is, and overrides with it are refused rather than applied unchecked."""
+    resolved = resolve("embedded-code", "auto")
+    assert isinstance(resolved, ResolvedSpec)
+    assert resolved.spec == resolve_speculative("embedded-code", "auto")
+    assert resolve(None, resolved) is resolved
+    with pytest.raises(ValueError, match="given for a resolved configuration"):
+        resolve("embedded-code", resolved, K3)
 
 
 def test_an_explicit_choice_beats_the_models_own() -> None:

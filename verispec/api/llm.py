@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from tqdm import tqdm
 
 from verispec.api.stream import RequestStream
-from verispec.config import CacheConfig, EngineConfig, SpecConfig
+from verispec.config import CacheConfig, EngineConfig
 from verispec.drafters.registry import make_proposer
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
-from verispec.spec.resolve import DraftRuntime, resolve_speculative
+from verispec.spec.resolve import DraftRuntime, SpecRequest, resolve
 from verispec.types.chat import Conversation, as_conversations, chat_prompt, check_text
 from verispec.types.outputs import RequestOutput
 from verispec.types.sampling_params import SamplingParams
@@ -45,7 +45,7 @@ class LLM:
         num_blocks: int | None = None,
         kv_cache_memory: int | None = None,
         progress: bool = False,
-        speculative: SpecConfig | Mapping[str, Any] | Literal["auto"] | None = "auto",
+        speculative: SpecRequest = "auto",
         **engine_options: Any,
     ) -> None:
         if isinstance(model, str) and not model.strip():
@@ -59,9 +59,9 @@ class LLM:
                               kv_cache_memory=kv_cache_memory),
             speculative=None, **engine_options,
         )  # fmt: skip
-        spec = resolve_speculative(model, speculative, runtime=DraftRuntime.of(config))
-        config = replace(config, speculative=spec)
-        drafter = None if spec is None else partial(make_proposer, spec)
+        resolved = resolve(model, speculative, runtime=DraftRuntime.of(config))  # once, here
+        config = replace(config, speculative=resolved)
+        drafter = None if resolved is None else partial(make_proposer, resolved)
         self.engine = Engine(config, drafter, progress=progress)
 
     @property

@@ -171,16 +171,16 @@ def _sample_request(
 
 
 def sample_requests(
-    prompt: BenchPrompt, params: SamplingParams, n: int, seed: int, speculative: bool
+    prompt: BenchPrompt, params: SamplingParams, n: int, seed: int, drafting: bool
 ) -> list[tuple[str, dict[str, Any]]]:
     """The requests that draw n samples of a prompt's first two tokens: every other request
     seeded (seed + its first sample's index; the server seeds choice j with its seed + j, and
     verifies by coupling), the rest unseeded (rejection sampling), so both verifiers are
-    checked (docs/design.md, 3)."""
+    checked (docs/design.md, 3). drafting: the requests' "speculative" switch."""
     route, body = _body(prompt)
     body |= {"temperature": params.temperature, "top_p": params.top_p, "ignore_eos": True,
              "max_tokens": SAMPLE_MAX_TOKENS, "return_token_ids": True,
-             "speculative": speculative}  # fmt: skip
+             "speculative": drafting}  # fmt: skip
     if params.top_k > 0:
         body["top_k"] = params.top_k
     return [(route, {**body, "n": min(MAX_N, n - start),

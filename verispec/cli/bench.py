@@ -22,8 +22,8 @@ from verispec.bench.verify_cost import LLAMA_1B, random_llama, random_llama_125m
 from verispec.cli.comma_list import comma_list
 from verispec.cli.options import DRAFT_FLAG_VALUES
 from verispec.drafters.registry import PLAIN, method_names, takes_draft_model
-from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.weights.loader import load_model
+from verispec.types.numerics import AUTO_DRAFT
 
 QUICK = {"plan": "quick", "ks": (4,), "prompts": 3, "max_tokens": 64, "repeats": 2}
 VERIFY_REPEATS = {"quick": 3, "full": 10}

@@ -44,8 +44,8 @@ def run_chat(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     llm = load_llm(args)
     require_chat_template(llm.tokenizer, llm.model_name)
-    speculative = llm.engine.config.speculative is not None
-    session = ChatSession(llm, params, speculative, sys.stdout, sys.stderr)
+    has_drafter = llm.engine.config.speculative is not None
+    session = ChatSession(llm, params, has_drafter, sys.stdout, sys.stderr)
     if args.prompt is not None:
         out = session.ask(args.prompt)
         print(f"[{session.turn_line(out)}]", file=sys.stderr)
@@ -94,7 +94,8 @@ class ChatSession:
 
     llm: LLM
     params: SamplingParams
-    speculative: bool
+    has_drafter: bool
+    """Whether the engine drafts (then each answer's line tells its acceptance)."""
     out: TextIO
     err: TextIO
     history: list[dict[str, str]] = field(default_factory=list)
@@ -147,15 +148,15 @@ class ChatSession:
         line = f"{len(out.token_ids)} tokens, {m.tokens_per_s or 0.0:.1f} tokens/s"
         if m.ttft_s is not None:
             line += f", TTFT {1e3 * m.ttft_s:.0f} ms"
-        return f"{line}, {acceptance_line(m.spec)}" if self.speculative else line
+        return f"{line}, {acceptance_line(m.spec)}" if self.has_drafter else line
 
     def session_line(self) -> str:
-        """The session so far: answers, tokens, tokens/s and, when speculative, acceptance."""
+        """The session so far: answers, tokens, tokens/s and, with a drafter, acceptance."""
         s = self.stats
         rate = s.tokens / s.seconds if s.seconds else 0.0
         answers = f"{s.answers} answer" + ("" if s.answers == 1 else "s")
         line = f"session: {answers}, {s.tokens} tokens, {rate:.1f} tokens/s"
-        return f"{line}, {acceptance_line(s.spec)}" if self.speculative else line
+        return f"{line}, {acceptance_line(s.spec)}" if self.has_drafter else line
 
     def _error(self, message: str) -> None:
         print(f"verispec: error: {message}", file=self.err, flush=True)

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from verispec.config import SpecConfig
+from verispec.config import ResolvedSpec, SpecConfig, SpecError
 from verispec.drafters.registry import DEFAULT_METHOD, PLAIN, method_names, takes_model
 from verispec.kv.memory import parse_size
-from verispec.models.kernels.quantization import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.spec.resolve import (
     DraftRuntime,
     SpecRequest,
     default_drafter,
     own_drafter,
-    resolve_speculative,
+    resolve,
     spec_from_dict,
 )
 from verispec.types.chat import check_text
+from verispec.types.numerics import AUTO_DRAFT, AUTO_NUMERICS, QUANTIZATIONS
 from verispec.types.sampling_params import SamplingParams
 from verispec.types.stats import SpecStats
 
@@ -125,20 +124,30 @@ SPEC_FLAGS = (  # (option flag, the SpecConfig field it sets)
     ("--self-skip-layers", "self_skip_layers"),
     ("--self-calibration", "self_calibration"),
 )
+FLAG_OF_FIELD = {field: flag for flag, field in SPEC_FLAGS}
+"""How the CLI words a SpecConfig field in an error (SpecError.worded): by its flag."""
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | None:
-    """The fully resolved SpecConfig the options ask for (spec/resolve.py), None for plain
-    decoding; ValueError on a contradiction, naming the flags. Method names stay in the
-    registry: whether a method takes a draft checkpoint is asked of it."""
+def resolved_spec(args: argparse.Namespace) -> ResolvedSpec | None:
+    """The resolved configuration the options ask for (spec/resolve.py), None for plain
+    decoding: what load_llm hands LLM, which then resolves nothing again; ValueError on a
+    contradiction, naming the flags. Method names stay in the registry: whether a method takes
+    a draft checkpoint is asked of it."""
     request, overrides = spec_request(args)
     runtime = DraftRuntime(device=getattr(args, "device", None) or "auto",
                            dtype=getattr(args, "dtype", None) or "auto",
                            compile=bool(getattr(args, "compile", False)))  # fmt: skip
     try:
-        return resolve_speculative(args.model, request, overrides, runtime=runtime)
-    except ValueError as e:
-        raise ValueError(flag_names(str(e))) from None
+        return resolve(args.model, request, overrides, runtime=runtime)
+    except SpecError as e:
+        raise ValueError(e.worded(FLAG_OF_FIELD)) from None
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | None:
+    """The SpecConfig that runs for the options (resolved_spec's, as plain data), None for
+    plain decoding."""
+    resolved = resolved_spec(args)
+    return None if resolved is None else resolved.spec
 
 
 def spec_request(args: argparse.Namespace) -> tuple[SpecRequest, dict[str, Any]]:
@@ -172,7 +181,7 @@ def spec_request(args: argparse.Namespace) -> tuple[SpecRequest, dict[str, Any]]
                              "id; for a head method, its directory)")  # fmt: skip
         if not takes_draft and args.draft is not None:
             raise ValueError(f"--method {args.method} takes no draft model; drop --draft")
-    return _spec(method=args.method or DEFAULT_METHOD, model=args.draft), overrides
+    return SpecConfig(method=args.method or DEFAULT_METHOD, model=args.draft), overrides
 
 
 def speculative_config_json(args: argparse.Namespace) -> SpecConfig | None:
@@ -203,25 +212,6 @@ def _int_list(text: str) -> list[int]:
 
 def _attr(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
-
-
-def _spec(**options: Any) -> SpecConfig:
-    """SpecConfig(**options), its ValueError worded with the flags the user typed."""
-    try:
-        return SpecConfig(**options)
-    except ValueError as e:
-        raise ValueError(flag_names(str(e))) from None
-
-
-def flag_names(message: str) -> str:
-    """A SpecConfig message with each field name replaced by the flag that sets it.
-
-    >>> flag_names("num_speculative_tokens must be an integer in [1, 16], got 0")
-    '--k must be an integer in [1, 16], got 0'
-    """
-    for flag, field in SPEC_FLAGS:
-        message = re.sub(rf"\b(?:speculative )?{field}\b", flag, message)
-    return message
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -258,7 +248,7 @@ def load_llm(args: argparse.Namespace) -> LLM:
     from verispec import LLM
 
     check_arguments(args)
-    spec = spec_config(args)
+    spec = resolved_spec(args)
     engine_options: dict[str, Any] = {}
     if getattr(args, "max_num_seqs", None) is not None:
         engine_options["max_num_seqs"] = args.max_num_seqs

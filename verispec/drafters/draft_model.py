@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from verispec.config import SpecConfig, SpecError, SpecField
 from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import draw_drafts, stack_draft_probs
@@ -21,6 +23,32 @@ from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.sample import argmax_rows
 from verispec.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModelConfig:
+    """A draft model's options: its checkpoint, how its weights are rounded, and how much of
+    the vocabulary its LM head keeps."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"model": "model", "quantization": "quantization",
+                                             "draft_vocab_size": "draft_vocab_size"}  # fmt: skip
+    model: str | None = None
+    """Draft checkpoint directory, GGUF file, named model or hub id (check_spec requires it)."""
+    quantization: str | None = None
+    draft_vocab_size: int | None = None
+    """Token ids the draft's head keeps (SpecConfig.draft_vocab_size); None = all. Its upper
+    bound, the vocabulary, is checked at load (drafters/draft_vocab.py)."""
+
+    def __post_init__(self) -> None:
+        size = self.draft_vocab_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise SpecError(SpecField("draft_vocab_size"), " must be an integer >= 1 (the token "
+                            "ids the draft's LM head keeps) or None for the whole vocabulary, "
+                            f"got {size!r}")  # fmt: skip
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> DraftModelConfig:
+        return spec.options(cls)
 
 
 @dataclass(slots=True)

@@ -8,9 +8,63 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from verispec.config import SpecConfig, SpecError, SpecField
 from verispec.engine.drafter import Drafts
 from verispec.engine.request import TokenHistory
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLookupConfig:
+    """Prompt lookup's n-gram bounds: the longest suffix first, down to the shortest (ngram,
+    and the lookups other drafters graft)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"min": "prompt_lookup_min",
+                                             "max": "prompt_lookup_max"}  # fmt: skip
+    min: int = 2
+    max: int = 4
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min, self.max
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi))
+        if not (ints and 1 <= lo <= hi):
+            low, high = SpecField("prompt_lookup_min"), SpecField("prompt_lookup_max")
+            raise SpecError(low, " and ", high, " must be integers with 1 <= ", low, " <= ", high,
+                            f", got {lo!r} and {hi!r}")  # fmt: skip
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> PromptLookupConfig:
+        return spec.options(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupGraftConfig:
+    """A prompt-lookup chain a drafter grafts onto its drafts: up to `tokens` of them (None:
+    off), found within PromptLookupConfig's bounds."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"tokens": "prompt_lookup_tokens"}
+    tokens: int | None = None
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> LookupGraftConfig:
+        return spec.options(cls)
+
+    def check(self, k: int, chain: bool) -> None:
+        """tokens in [1, k] for a chain (the copy is then the whole chain), in [1, k - 1] for a
+        tree (which keeps at least one node of its own)."""
+        n, field = self.tokens, SpecField("prompt_lookup_tokens")
+        top, why = ((k, "the copy replaces the chain") if chain
+                    else (k - 1, "the tree keeps at least one node of its own"))  # fmt: skip
+        bound = SpecField("num_speculative_tokens")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
+            raise SpecError(field, " must be an integer in [1, ", bound,
+                            "" if chain else " - 1", f"] ({why}), got {n!r} with ", bound,
+                            f"={k}")  # fmt: skip
+
+    def lookup(self, bounds: PromptLookupConfig) -> Lookup | None:
+        """The lookup the drafter runs, None when off."""
+        return None if self.tokens is None else Lookup(self.tokens, bounds.min, bounds.max)
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The registry of speculative methods: the only place method names appear. Each method maps
-to its factory and the per-method options classes (config.py) it reads; check_spec checks a
-SpecConfig against them, filling in their defaults."""
+to its factory and the options classes it reads, each declared beside its drafter (its fields,
+defaults and checks); check_spec checks a SpecConfig against them, filling in their defaults."""
 
 from __future__ import annotations
 
@@ -11,25 +11,27 @@ from typing import Any, cast
 from verispec.config import (
     MAX_SPECULATIVE_TOKENS,
     MAX_TREE_NODES,
-    DraftModelConfig,
-    HeadConfig,
-    LookupGraftConfig,
-    PromptLookupConfig,
-    SelfDraftConfig,
+    ResolvedSpec,
     SpecConfig,
-    SuffixConfig,
-    TreeConfig,
+    SpecError,
+    SpecField,
+    field_list,
 )
-from verispec.drafters.draft_model import DraftModelProposer
+from verispec.drafters.draft_model import DraftModelConfig, DraftModelProposer
 from verispec.drafters.eagle import EagleProposer
+from verispec.drafters.head_options import HeadConfig, TreeConfig
 from verispec.drafters.medusa import MedusaProposer
-from verispec.drafters.ngram import Lookup, NgramProposer
-from verispec.drafters.self_draft import make_self_proposer
-from verispec.drafters.suffix import SuffixProposer
+from verispec.drafters.ngram import (
+    Lookup,
+    LookupGraftConfig,
+    NgramProposer,
+    PromptLookupConfig,
+)
+from verispec.drafters.self_draft import SelfDraftConfig, make_self_proposer
+from verispec.drafters.suffix import SuffixConfig, SuffixProposer
 from verispec.engine.drafter import Proposer, TargetInfo
 from verispec.models.eagle import load_eagle_head
 from verispec.models.kernels.backends import choose_backend
-from verispec.models.kernels.quantization import AUTO_DRAFT
 from verispec.models.medusa import load_medusa_heads
 from verispec.models.weights.loader import resolve_head_path
 
@@ -45,8 +47,8 @@ class Method:
 
     make: Callable[[SpecConfig, TargetInfo], Proposer]
     options: tuple[type[Any], ...] = ()
-    """The per-method options classes (config.py) whose SpecConfig fields it reads; any other
-    option given is refused, never silently dropped."""
+    """The options classes (each beside its drafter) whose SpecConfig fields it reads; any
+    other option given is refused, never silently dropped."""
     own_tree: bool = False
     """Drafts trees of its own shape, not tree_topk / tree_depth: num_speculative_tokens is the
     node budget (up to MAX_TREE_NODES), and a request's tree may have fewer nodes, or none."""
@@ -56,7 +58,7 @@ class Method:
     """A head over several of the target's layers' features fused (EAGLE-3), not the last
     layer's output alone (Medusa); how `verispec train` builds and feeds it."""
 
-    # Traits read off `options` (what each options class holds: config.py).
+    # Traits read off `options` (what each options class holds: beside its drafter).
     takes_draft_model = _reads(DraftModelConfig, "Drafts with a separate draft checkpoint.")
     takes_head = _reads(HeadConfig, "Drafts with a head over the target's features.")
     takes_prompt_lookup = _reads(PromptLookupConfig, "Reads the prompt-lookup n-gram bounds.")
@@ -74,7 +76,7 @@ class Method:
 def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     head = load_eagle_head(resolve_head_path(spec.model or ""), target.model, backend,
-                           target.batch_invariant, _head_quantization(spec),
+                           target.batch_invariant, spec.quantization,
                            target.compile)  # fmt: skip
     return EagleProposer(head, spec.num_speculative_tokens, spec.tree_topk or 1,
                          spec.tree_depth or 1, target, _lookup(spec))  # fmt: skip
@@ -82,15 +84,7 @@ def _eagle(spec: SpecConfig, target: TargetInfo) -> Proposer:
 
 def _lookup(spec: SpecConfig) -> Lookup | None:
     """The prompt lookup a drafter grafts onto its drafts (prompt_lookup_tokens), if any."""
-    if spec.prompt_lookup_tokens is None:  # SpecConfig then filled in the n-gram bounds
-        return None
-    return Lookup(spec.prompt_lookup_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-
-
-def _head_quantization(spec: SpecConfig) -> str | None:
-    """A head's weights as stored under "auto" (resolve_speculative decides it so already; a
-    SpecConfig built by hand may still say "auto")."""
-    return None if spec.quantization == AUTO_DRAFT else spec.quantization
+    return LookupGraftConfig.of(spec).lookup(PromptLookupConfig.of(spec))
 
 
 def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
@@ -101,7 +95,7 @@ def _self(spec: SpecConfig, target: TargetInfo) -> Proposer:
 def _medusa(spec: SpecConfig, target: TargetInfo) -> Proposer:
     backend = choose_backend(target.linear_backend, target.device, target.dtype, target.compile)
     heads = load_medusa_heads(resolve_head_path(spec.model or ""), target.model, backend,
-                              target.batch_invariant, _head_quantization(spec))  # fmt: skip
+                              target.batch_invariant, spec.quantization)  # fmt: skip
     k = spec.num_speculative_tokens
     depth = spec.tree_depth or (k if (spec.tree_topk or 1) == 1 else heads.config.num_heads)
     return MedusaProposer(heads, k, spec.tree_topk or 1, depth)
@@ -129,7 +123,7 @@ _METHODS: dict[str, Method] = {
     ),
     "medusa": Method(_medusa, options=(HeadConfig, TreeConfig)),
     "suffix": Method(
-        lambda spec, target: SuffixProposer(spec.suffix_config()),
+        lambda spec, target: SuffixProposer(SuffixConfig.of(spec)),
         options=(SuffixConfig,),
         own_tree=True,
         model_free=True,
@@ -189,10 +183,9 @@ def method_names() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
-def make_proposer(spec: SpecConfig, target: TargetInfo) -> Proposer:
-    """The drafter for spec.method (spec checked and its defaults filled first)."""
-    spec = check_spec(spec)
-    return method(spec.method).make(spec, target)
+def make_proposer(resolved: ResolvedSpec, target: TargetInfo) -> Proposer:
+    """The drafter for a resolved configuration (spec/resolve.py checked and filled it)."""
+    return method(resolved.spec.method).make(resolved.spec, target)
 
 
 def make_model_free_proposer(spec: SpecConfig) -> Proposer:
@@ -207,25 +200,25 @@ def make_model_free_proposer(spec: SpecConfig) -> Proposer:
 
 def check_spec(spec: SpecConfig) -> SpecConfig:
     """spec checked against its method's options, with their defaults filled in (a copy);
-    ValueError naming what is wrong and what is allowed: an unknown method, an option the method
-    would ignore, a missing draft, a k or tree out of range. Idempotent."""
+    ValueError (SpecError where it names options) saying what is wrong and what is allowed: an
+    unknown method, an option the method would ignore, a missing draft, a k or tree out of
+    range, an option's own value. Idempotent."""
     traits = method(spec.method)  # ValueError listing the methods for an unknown name
     given = [f for f in SelfDraftConfig.SPEC_FIELDS.values() if getattr(spec, f) is not None]
     if given and not traits.drafts_with_own_layers:
         _refuse(spec, given)
-    filled: dict[str, Any] = {}
-    tree = _check_tree(spec, traits, filled)
+    tree = _check_tree(spec, traits)
     k = spec.num_speculative_tokens
-    limit = MAX_TREE_NODES if tree or traits.own_tree else MAX_SPECULATIVE_TOKENS
+    limit = MAX_TREE_NODES if tree.is_tree or traits.own_tree else MAX_SPECULATIVE_TOKENS
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
         drafts_trees = traits.takes_tree or traits.own_tree
         trees = f" (a tree's node budget: [1, {MAX_TREE_NODES}])" if drafts_trees else ""
-        raise ValueError(f"num_speculative_tokens must be an integer in "
-                         f"[1, {MAX_SPECULATIVE_TOKENS}]{trees}, got {k!r}")  # fmt: skip
+        raise SpecError(SpecField("num_speculative_tokens"), f" must be an integer in "
+                        f"[1, {MAX_SPECULATIVE_TOKENS}]{trees}, got {k!r}")  # fmt: skip
     if traits.takes_model and not spec.model:
         raise ValueError(f"method {spec.method!r} needs model= (a draft checkpoint or hub "
                          "id; for a head method, the head's directory)")  # fmt: skip
-    grafting = _check_grafting(spec, traits, tree)
+    grafting = _check_grafting(spec, traits, tree.is_tree)
     looks_up = traits.takes_prompt_lookup or grafting
     reads = {SuffixConfig: traits.takes_suffix, DraftModelConfig: traits.takes_draft_model,
              HeadConfig: traits.takes_head, PromptLookupConfig: looks_up}  # fmt: skip
@@ -234,62 +227,48 @@ def check_spec(spec: SpecConfig) -> SpecConfig:
               if f not in read and getattr(spec, f) is not None]  # fmt: skip
     if unused:
         _refuse(spec, list(dict.fromkeys(unused)))
-    if looks_up:
-        lookup = PromptLookupConfig.of(spec)
-        filled.update(prompt_lookup_min=lookup.min, prompt_lookup_max=lookup.max)
-    if traits.takes_suffix:
-        suffix = spec.suffix_config()
-        filled.update({field: getattr(suffix, name)
-                       for name, field in SuffixConfig.SPEC_FIELDS.items()})  # fmt: skip
+    options = [cls.of(spec) for cls, r in reads.items() if r]  # each checks its own values
+    if traits.takes_tree:
+        options.append(tree)
+    if traits.drafts_with_own_layers:
+        options.append(SelfDraftConfig.of(spec))
+    filled = {field: getattr(opts, name) for opts in options
+              for name, field in type(opts).SPEC_FIELDS.items()}  # fmt: skip
     changed = {k: v for k, v in filled.items() if getattr(spec, k) != v}
     return replace(spec, **changed) if changed else spec
 
 
 def _refuse(spec: SpecConfig, unused: list[str]) -> None:
     """Options the method would ignore are errors, never silently dropped."""
-    raise ValueError(
-        f"method {spec.method!r} does not use {', '.join(unused)}; drop "
-        f"{'it' if len(unused) == 1 else 'them'} or choose a method that does"
-    )
+    raise SpecError(f"method {spec.method!r} does not use ", *field_list(unused),
+                    f"; drop {'it' if len(unused) == 1 else 'them'} or choose a method that "
+                    "does")  # fmt: skip
 
 
-def _check_tree(spec: SpecConfig, traits: Method, filled: dict[str, Any]) -> bool:
-    """Tree options only for methods that draft trees of that shape; tree_depth defaults to 6
-    with tree_topk >= 2. Returns whether spec asks for a tree."""
-    given = [f for f in ("tree_topk", "tree_depth") if getattr(spec, f) is not None]
+def _check_tree(spec: SpecConfig, traits: Method) -> TreeConfig:
+    """Tree options only for methods that draft trees of that shape (TreeConfig checks their
+    values and fills a tree's default depth); a chain for the others."""
+    given = [f for f in TreeConfig.SPEC_FIELDS.values() if getattr(spec, f) is not None]
     if given and not traits.takes_tree:
         shape = "trees of its own shape" if traits.own_tree else "chains only"
-        raise ValueError(
-            f"method {spec.method!r} drafts {shape} and does not use {', '.join(given)}"
-        )
-    tree = (spec.tree_topk or 1) > 1
-    if tree and spec.tree_depth is None:
-        filled["tree_depth"] = 6
-    if spec.tree_depth is not None and not tree:
-        raise ValueError("tree_depth needs tree_topk >= 2 (a chain's depth is "
-                         "num_speculative_tokens)")  # fmt: skip
-    return tree
+        raise SpecError(f"method {spec.method!r} drafts {shape} and does not use ",
+                        *field_list(given))  # fmt: skip
+    return TreeConfig.of(spec)
 
 
 def _check_grafting(spec: SpecConfig, traits: Method, tree: bool) -> bool:
-    """prompt_lookup_tokens: for a method that grafts lookups onto its drafts, an integer >= 1,
-    below the node budget for a tree method (it needs a tree to graft onto), at most k for a
-    chain method (draft_model: where the lookup copies, the copy is the whole chain). Returns
-    whether it is on."""
-    n = spec.prompt_lookup_tokens
-    if n is None:
+    """prompt_lookup_tokens: only for a method that grafts lookups onto its drafts, onto a tree
+    for a tree method, and in the range LookupGraftConfig.check gives. Returns whether it is
+    on."""
+    graft = LookupGraftConfig.of(spec)
+    if graft.tokens is None:
         return False
+    field = SpecField("prompt_lookup_tokens")
     if not traits.grafts_lookup:
-        raise ValueError(f"method {spec.method!r} does not graft prompt lookups onto its "
-                         "drafts; drop prompt_lookup_tokens")  # fmt: skip
+        raise SpecError(f"method {spec.method!r} does not graft prompt lookups onto its "
+                        "drafts; drop ", field)  # fmt: skip
     chain = not traits.takes_tree
     if not tree and not chain:
-        raise ValueError("prompt_lookup_tokens needs a tree (tree_topk >= 2) to graft onto")
-    k = spec.num_speculative_tokens
-    top, bound, why = ((k, "num_speculative_tokens", "the copy replaces the chain") if chain
-                       else (k - 1, "num_speculative_tokens - 1",
-                             "the tree keeps at least one node of its own"))  # fmt: skip
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
-        raise ValueError(f"prompt_lookup_tokens must be an integer in [1, {bound}] ({why}), "
-                         f"got {n!r} with num_speculative_tokens={k}")  # fmt: skip
+        raise SpecError(field, " needs a tree (", SpecField("tree_topk"), " >= 2) to graft onto")
+    graft.check(spec.num_speculative_tokens, chain)
     return True

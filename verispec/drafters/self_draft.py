@@ -13,8 +13,11 @@ at load by a calibration on a few prompts (drafters/skip_search.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from verispec.config import SpecConfig, SpecError, SpecField
 from verispec.drafters.draft_model import DraftModelProposer
 from verispec.drafters.skip_search import SkipChoice, calibrate
 from verispec.engine.drafter import TargetInfo
@@ -31,6 +34,46 @@ CALIBRATION_PROMPTS = (
 """What the calibration continues when nobody gives it prompts: everyday requests, each as a
 user turn of the model's chat template when it has one (verispec.drafters.skip_search.calibrate
 takes any prompts, e.g. a workload's own, and SkipChoice.save stores its choice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SelfDraftConfig:
+    """Self-speculation's options: the layers its draft skips, or a calibration file holding
+    them, not both (neither: calibrated at load)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {"skip_layers": "self_skip_layers",
+                                             "calibration": "self_calibration"}  # fmt: skip
+    skip_layers: tuple[int, ...] | None = None
+    """Distinct layer indices >= 0 (a list or tuple, any order; kept sorted). The target's
+    layer count is checked at load (drafters/self_draft.check_skip_layers)."""
+    calibration: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.skip_layers is not None and self.calibration is not None:
+            raise SpecError("give ", SpecField("self_skip_layers"), " or ",
+                            SpecField("self_calibration"), ", not both: a calibration file holds "
+                            "its own skip set")  # fmt: skip
+        value = self.skip_layers
+        if value is not None:
+            layers = isinstance(value, list | tuple) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+            )
+            if not layers or not value:
+                raise SpecError(SpecField("self_skip_layers"), " must be a non-empty list of "
+                                "layer indices (integers >= 0), e.g. (10, 14, 20), or None to "
+                                f"calibrate; got {value!r}")  # fmt: skip
+            if len(set(value)) != len(value):
+                raise SpecError(SpecField("self_skip_layers"), f" names a layer twice: {value!r}")
+            object.__setattr__(self, "skip_layers", tuple(sorted(value)))
+        if self.calibration is not None and (
+            not isinstance(self.calibration, str) or not self.calibration
+        ):
+            raise SpecError(SpecField("self_calibration"), " must be a file path (a string), got "
+                            f"{self.calibration!r}")  # fmt: skip
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> SelfDraftConfig:
+        return spec.options(cls)
 
 
 def check_skip_layers(

@@ -17,12 +17,54 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from verispec.config import SuffixConfig
+from verispec.config import SpecConfig
 from verispec.drafters.suffix_trie import CachedOutputs, Cursor, SuffixTrie
 from verispec.engine.drafter import Drafts
 from verispec.engine.request import TokenHistory
 from verispec.sample.tree import DraftTree
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixConfig:
+    """Suffix decoding's limits (vLLM's suffix_decoding_* options)."""
+
+    SPEC_FIELDS: ClassVar[dict[str, str]] = {
+        name: f"suffix_decoding_{name}"
+        for name in ("max_tree_depth", "max_spec_factor", "min_token_prob", "max_cached_requests")
+    }
+    max_tree_depth: int = 24
+    """Longest run the tries count: the matched suffix plus the drafted path below it."""
+    max_spec_factor: float = 1.0
+    """Node budget per step: at most this many times the matched suffix's length."""
+    min_token_prob: float = 0.1
+    """Smallest empirical probability of a drafted node's path."""
+    max_cached_requests: int = 10_000
+    """Finished requests' outputs kept to draft from (oldest evicted; 0 = none)."""
+
+    def __post_init__(self) -> None:
+        def number(value: object) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        depth, factor, prob, cached = (self.max_tree_depth, self.max_spec_factor,
+                                       self.min_token_prob, self.max_cached_requests)  # fmt: skip
+        if not (isinstance(depth, int) and number(depth) and depth >= 1):
+            raise ValueError(f"max_tree_depth must be an integer >= 1, got {depth!r}")
+        if not (number(factor) and 0 < factor < float("inf")):
+            raise ValueError(f"max_spec_factor must be a number > 0, got {factor!r}")
+        if not (number(prob) and 0 <= prob <= 1):
+            raise ValueError(f"min_token_prob must be a number in [0, 1], got {prob!r}")
+        if not (isinstance(cached, int) and number(cached) and cached >= 0):
+            raise ValueError(f"max_cached_requests must be an integer >= 0, got {cached!r}")
+
+    @classmethod
+    def of(cls, spec: SpecConfig) -> SuffixConfig:
+        """The suffix_decoding_* options of spec, defaults filled; errors name those fields."""
+        try:
+            return spec.options(cls)
+        except ValueError as e:
+            raise ValueError(f"suffix_decoding_{e}") from None
 
 
 @dataclass(frozen=True, slots=True)

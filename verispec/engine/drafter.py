@@ -174,4 +174,4 @@ class Capabilities:
 
 MakeDrafter = Callable[[TargetInfo], Proposer]
 """Builds the drafter once the engine knows its target (the API layer hands the engine one:
-drafters.registry.make_proposer bound to a resolved SpecConfig)."""
+drafters.registry.make_proposer bound to a ResolvedSpec)."""

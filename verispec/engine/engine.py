@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from verispec.config import EngineConfig
+from verispec.config import EngineConfig, ResolvedSpec
 from verispec.engine.drafter import (
     Capabilities,
     FeatureProposer,
@@ -55,12 +55,15 @@ class Engine:
         progress: bool = False,
     ) -> None:  # fmt: skip
         """Load the model and tokenizer, size the KV cache, then set up speculation (the drafter
-        make_drafter builds for config.speculative, which the caller resolved; prefix caching;
-        adaptive policy) and the scheduler over them."""
-        if config.speculative == "auto":
-            raise ValueError("the engine takes a resolved speculative config (a SpecConfig or "
-                             "None): resolve 'auto' first (spec/resolve.py)")  # fmt: skip
-        if (config.speculative is None) != (make_drafter is None):
+        make_drafter builds for config.speculative, a ResolvedSpec the API layer made; prefix
+        caching; adaptive policy) and the scheduler over them. self.config holds the SpecConfig
+        that runs."""
+        resolved = config.speculative
+        if resolved is not None and not isinstance(resolved, ResolvedSpec):
+            raise ValueError(f"the engine takes a resolved speculative config (a ResolvedSpec) "
+                             f"or None, got {resolved!r}: resolve it first "
+                             f"(spec/resolve.py)")  # fmt: skip
+        if (resolved is None) != (make_drafter is None):
             raise ValueError("an engine with a speculative config needs its drafter's builder "
                              "(make_drafter), and one without needs none")  # fmt: skip
         self.device = resolve_device(config.device)
@@ -68,7 +71,8 @@ class Engine:
         dtype = resolve_dtype(config.dtype, self.device)
         quantization = resolve_quantization(config.quantization, self.model_path, self.device,
                                             dtype, config.linear_backend, config.compile)
-        self.config = config = replace(config, quantization=quantization)
+        spec = None if resolved is None else resolved.spec  # the SpecConfig that runs
+        self.config = config = replace(config, quantization=quantization, speculative=spec)
         self.model = load_model(
             self.model_path, dtype, self.device, config.linear_backend, progress,
             batch_invariant=config.batch_invariant, quantization=config.quantization,
@@ -95,7 +99,6 @@ class Engine:
         5), else None."""
         self.spec_policy = self._make_policy()
         """Chooses each step's draft counts when spec.adaptive (spec/policy.py), else None."""
-        spec = config.speculative
         self.scheduler = Scheduler(
             config.max_num_seqs, config.max_num_batched_tokens,
             spec.num_speculative_tokens if spec else 0, self.prefix_cache, self.spec_policy,

@@ -46,7 +46,7 @@ from verispec.models.head_files import (
     write_head_dir,
 )
 from verispec.models.kernels import native_layer
-from verispec.models.kernels.compiled import CompiledStack, check_compile
+from verispec.models.kernels.compiled import CompiledStack
 from verispec.models.kernels.linear import Linear, pack_together
 from verispec.models.llama import (
     DecoderLayer,
@@ -66,6 +66,7 @@ from verispec.models.speculators import (
     to_speculators,
     whole_vocab_offsets,
 )
+from verispec.types.numerics import check_compile
 
 WHAT = "EAGLE head"
 FUSED = ("input_norm.", "fc_norm.")

@@ -14,9 +14,10 @@ from verispec.models.attention import AttentionLayout, attend
 from verispec.models.batch import ForwardBatch
 from verispec.models.config import ModelConfig
 from verispec.models.kernels import native_layer
-from verispec.models.kernels.compiled import CompiledStack, check_compile
+from verispec.models.kernels.compiled import CompiledStack
 from verispec.models.kernels.linear import Linear, kernels_in_use
 from verispec.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from verispec.types.numerics import check_compile
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

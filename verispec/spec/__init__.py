@@ -3,4 +3,4 @@ step-cost models that the adaptive policy, self-speculation's calibration and th
 share; policy.py chooses each step's draft counts from them; profiles.py times the target's
 steps at start-up to seed those costs. Above the drafters: resolve.py turns any spelling of a
 speculative request (None, "auto", a SpecConfig, its dict form, a model's own drafter named by
-method, with overrides) into the one fully resolved SpecConfig that runs."""
+method, with overrides) into the one ResolvedSpec that runs."""

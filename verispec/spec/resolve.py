@@ -4,9 +4,10 @@ the server's flags, bench settings) turned into one fully resolved SpecConfig.
 
 Fully resolved: the method's options checked and their defaults filled (drafters/registry.py,
 check_spec), a missing draft or head filled with the named model's own, and a draft's "auto"
-quantization decided for where it runs. Resolving a resolved configuration again (on the same
-runtime) returns it unchanged, so the CLI and LLM may each resolve; the engine takes only the
-result (and its drafter's builder) from LLM.
+quantization decided for where it runs. `resolve` marks the result a ResolvedSpec (config.py),
+which passes through it again untouched: the CLI resolves, hands that to LLM, and LLM hands it
+(and its drafter's builder) to the engine, which takes nothing else. `resolve_speculative` is
+the same resolution as plain data, for what shows or varies a configuration.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from verispec.config import EngineConfig, SpecConfig
+from verispec.config import EngineConfig, ResolvedSpec, SpecConfig, SpecError, field_list
 from verispec.drafters.registry import (
     DEFAULT_METHOD,
     HEAD_METHOD,
@@ -25,12 +26,13 @@ from verispec.drafters.registry import (
 )
 from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import DEFAULT_MODEL, NAMED_MODELS
-from verispec.models.kernels.quantization import AUTO_DRAFT, draft_quantization
+from verispec.models.kernels.quantization import draft_quantization
 from verispec.models.weights.loader import resolve_device, resolve_dtype
+from verispec.types.numerics import AUTO_DRAFT
 
-SpecRequest = SpecConfig | Mapping[str, Any] | Literal["auto"] | None
+SpecRequest = SpecConfig | ResolvedSpec | Mapping[str, Any] | Literal["auto"] | None
 """What users may ask for: a SpecConfig, its dict form (vLLM's speculative_config), "auto" (the
-model's own drafter) or None (plain decoding)."""
+model's own drafter) or None (plain decoding); or what the resolver already made of one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,21 @@ def resolve_speculative(
     runtime: DraftRuntime | None = None,
 ) -> SpecConfig | None:
     """The SpecConfig that runs for target `model` (None = the default model), or None for plain
-    decoding; ValueError naming what is wrong and what is allowed.
+    decoding: resolve's answer as plain data."""
+    resolved = resolve(model, speculative, overrides, runtime=runtime)
+    return None if resolved is None else resolved.spec
+
+
+def resolve(
+    model: str | None,
+    speculative: SpecRequest = "auto",
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    runtime: DraftRuntime | None = None,
+) -> ResolvedSpec | None:
+    """The ResolvedSpec that runs for target `model` (None = the default model), or None for
+    plain decoding; ValueError naming what is wrong and what is allowed. A ResolvedSpec given
+    is returned as it is (overrides are refused with it: change its .spec and resolve that).
 
     speculative: "auto" = the model's own drafter with the adaptive policy on (own_drafter:
     its shipped head where measured fastest, else its trained draft, else prompt lookup; plain
@@ -82,6 +98,10 @@ def resolve_speculative(
     tokens": 3}) == ("embedded-code", {"method": "draft_model", "num_speculative_tokens": 3})."""
     overrides = dict(overrides or {})
     _check_keys(overrides, "unknown speculative option(s)")
+    if isinstance(speculative, ResolvedSpec):
+        _refuse_overrides(overrides, "given for a resolved configuration; change its spec and "
+                          "resolve that")  # fmt: skip
+        return speculative
     if isinstance(speculative, Mapping):
         speculative = spec_from_dict(speculative)
     if speculative is None:
@@ -128,7 +148,7 @@ def _check_keys(options: Mapping[str, Any], problem: str) -> None:
 def _refuse_overrides(overrides: Mapping[str, Any], problem: str) -> None:
     """ValueError when overrides were given where nothing drafts: they would be dropped."""
     if overrides:
-        raise ValueError(f"{', '.join(overrides)} {problem}")
+        raise SpecError(*field_list(list(overrides)), f" {problem}")
 
 
 def default_drafter(model: str | None) -> SpecConfig | None:
@@ -181,9 +201,9 @@ def _with_own_drafter(model: str | None, spec: SpecConfig, asked_more: bool) -> 
     return replace(spec, model=own.model, quantization=quantization, draft_vocab_size=size)
 
 
-def _finish(spec: SpecConfig, runtime: DraftRuntime | None) -> SpecConfig:
-    """spec checked and filled (check_spec), its quantization decided for where it runs: a
-    draft model's "auto" by the runtime, a head's "auto" as stored."""
+def _finish(spec: SpecConfig, runtime: DraftRuntime | None) -> ResolvedSpec:
+    """spec checked and filled (check_spec), its quantization decided for where it runs (a
+    draft model's "auto" by the runtime, a head's "auto" as stored), marked resolved."""
     spec = check_spec(spec)
     traits = method(spec.method)
     quantization = spec.quantization
@@ -191,4 +211,4 @@ def _finish(spec: SpecConfig, runtime: DraftRuntime | None) -> SpecConfig:
         quantization = (runtime or DraftRuntime()).draft_quantization(quantization, spec.model)
     elif quantization == AUTO_DRAFT:
         quantization = None
-    return spec if quantization == spec.quantization else replace(spec, quantization=quantization)
+    return ResolvedSpec(replace(spec, quantization=quantization))  # a copy of its own

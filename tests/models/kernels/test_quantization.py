@@ -20,7 +20,6 @@ from verispec.models.kernels.build import NativeKernel, NativeUnavailable, nativ
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.linear import Linear
 from verispec.models.kernels.quantization import (
-    check_quantization,
     draft_quantization,
     int8_per_channel,
     round_to_fp16,
@@ -134,12 +133,6 @@ def test_w4a8_weights_stream_as_4_bit_codes_times_8_bit_inputs() -> None:
     amax = blocks.abs().amax(-1, keepdim=True)
     x8 = (torch.round(blocks * (127 / amax)) * (amax / 127)).view_as(x)  # as linear.c rounds x
     assert_close(linear(x).double(), x8.double() @ rounded.double().T, atol=2e-5, rtol=0)
-
-
-@pytest.mark.parametrize("name", ["int4", "FP16", "", 8])
-def test_unknown_quantization_lists_the_allowed_ones(name: object) -> None:
-    with pytest.raises(ValueError, match="fp16, int8, q8_0, a8, w8a8, w4a8 or None"):
-        check_quantization(name)  # type: ignore[arg-type]
 
 
 def test_auto_draft_quantization_is_w8a8_where_integer_products_run(monkeypatch) -> None:

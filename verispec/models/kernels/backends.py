@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Literal
 
 import torch
 
 from verispec.models.kernels import build
 from verispec.models.kernels.build import NativeKernel, NativeUnavailable
-from verispec.models.kernels.quantization import ACTIVATION_QUANTIZATIONS, round_to_fp16
+from verispec.models.kernels.quantization import round_to_fp16
 from verispec.paths import cache_dir, read_cache_json, write_cache_json
+from verispec.types.numerics import ACTIVATION_QUANTIZATIONS, LinearBackend
 
-LinearBackend = Literal["auto", "torch", "onednn", "fp16", "native"]
 BACKENDS = ("auto", "torch", "onednn", "fp16", "native")
 
 

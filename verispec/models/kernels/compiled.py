@@ -34,15 +34,6 @@ RECOMPILE_LIMIT = 64
 trees, prefill chunks and batches of one or several sequences each need variants)."""
 
 
-def check_compile(compile: bool, batch_invariant: bool) -> None:
-    """Batch-invariant mode stays eager: its row-by-row products are the exactness reference."""
-    if compile and batch_invariant:
-        raise ValueError(
-            "compile cannot be combined with batch_invariant: batch-invariant mode runs row by "
-            "row in eager mode, the exactness reference; turn one of them off"
-        )
-
-
 def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     """The same function (or bound method) with a code object of its own. dynamo keeps compiled
     graphs, and its memory of which sizes changed, per code object: with a shared one, a draft

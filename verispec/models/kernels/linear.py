@@ -15,12 +15,12 @@ from verispec.models.kernels.backends import exactly_fp16, kernel_for, native_us
 from verispec.models.kernels.ffi import WeightFormat
 from verispec.models.kernels.packing import PackedWeight
 from verispec.models.kernels.quantization import (
-    ACTIVATION_QUANTIZATIONS,
     int8_per_channel,
     round_to_fp16,
     round_to_q4_1,
     round_to_q8_0,
 )
+from verispec.types.numerics import ACTIVATION_QUANTIZATIONS
 
 PACK_ROWS = 2048
 """Rows of codes packed at a time (a multiple of the kernel's 16-row blocks)."""

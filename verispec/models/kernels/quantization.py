@@ -12,28 +12,9 @@ import torch
 
 from verispec.models.kernels import build
 from verispec.models.kernels.affine import AffineCodes, dequantize_codes
+from verispec.types.numerics import ACTIVATION_QUANTIZATIONS, AUTO_DRAFT
 
-QUANTIZATIONS = ("fp16", "int8", "q8_0", "a8", "w8a8", "w4a8")
-ACTIVATION_QUANTIZATIONS = ("a8", "w8a8", "w4a8")
-"""Products of 8-bit weight codes with inputs rounded to 8-bit blocks of 32, as llama.cpp
-computes GGUF models (native kernel, Q8_A8): "a8" for weights stored as codes (GGUF
-Q4_1 and Q8_0 blocks), "w8a8" rounding the weights to q8_0 first, "w4a8" to 4-bit codes (Q4_1's
-form: `round_to_q4_1`), which a draft model may take to stream half the bytes. Rows are rounded
-on their own, so a verify row still equals the decode step of the same input bit for bit."""
 Q8_0_COLUMNS = 32  # values per block sharing one scale, as in GGUF's Q8_0
-
-
-AUTO_NUMERICS = "auto"
-"""EngineConfig.quantization "auto" (the default): "a8" for a GGUF file whose linear weights are
-quantized blocks, run on a float32 CPU model by the native kernel (llama.cpp's own numerics,
-the same bits on every instruction-set path), else None (exact float inputs; safetensors
-checkpoints always). loader.resolve_quantization decides."""
-
-AUTO_DRAFT = "auto"
-"""SpecConfig.quantization "auto" (a named model's own draft runs so): a draft model runs
-"w8a8" (or the rounding its catalog entry names, e.g. "w4a8") where the native kernel's 8-bit
-products run in integers (AVX-512 VNNI, AVX-VNNI or AVX2: a draft need not be exact, and its
-steps then cost much less: docs/benchmarks.md), else as stored; heads as stored."""
 
 
 def draft_quantization(
@@ -64,16 +45,6 @@ def numerics_name(quantization: str | None) -> str:
     if quantization in ACTIVATION_QUANTIZATIONS:
         return f"{quantization} (8-bit inputs, as llama.cpp)"
     return f"{quantization} (weights rounded at load)"
-
-
-def check_quantization(
-    name: str | None, what: str = "quantization", extra: tuple[str, ...] = ()
-) -> None:
-    """ValueError unless name is None or one of QUANTIZATIONS (or extra: AUTO_NUMERICS for a
-    target, AUTO_DRAFT for a draft)."""
-    allowed = (*QUANTIZATIONS, *extra)
-    if name is not None and name not in allowed:
-        raise ValueError(f"{what} must be one of {', '.join(allowed)} or None (off); got {name!r}")
 
 
 def round_to_fp16(weight: torch.Tensor) -> torch.Tensor:

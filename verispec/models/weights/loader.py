@@ -14,11 +14,9 @@ from verispec.models.catalog.default import shipped_head
 from verispec.models.catalog.hub import named_model_path
 from verispec.models.config import ModelConfig
 from verispec.models.kernels.affine import AffineCodes
-from verispec.models.kernels.backends import LinearBackend, choose_backend, native_usable
-from verispec.models.kernels.compiled import check_compile
+from verispec.models.kernels.backends import choose_backend, native_usable
 from verispec.models.kernels.ffi import release_freed_memory
 from verispec.models.kernels.linear import Linear, pack_together
-from verispec.models.kernels.quantization import AUTO_NUMERICS, check_quantization
 from verispec.models.llama import DecoderLayer, LlamaModel
 from verispec.models.weights.gguf import (
     BlockEmbedding,
@@ -31,6 +29,7 @@ from verispec.models.weights.gguf import (
 from verispec.models.weights.gguf_blocks import CODED_TYPES, stacked
 from verispec.models.weights.gguf_cache import cached_description
 from verispec.models.weights.gguf_config import open_gguf
+from verispec.types.numerics import AUTO_NUMERICS, LinearBackend, check_compile, check_quantization
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
