@@ -36,9 +36,10 @@ def transformers_greedy(ids: list[int]) -> list[int]:
 
 def test_greedy_chat_equals_transformers_plain_and_with_the_draft() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
-    plain = LLM(model=TARGET, speculative=None)
+    plain = LLM(model=TARGET, speculative=None, quantization=None)  # transformers' numerics
     drafted = LLM(model=TARGET, speculative={"method": "draft_model", "model": DRAFT,
-                                             "num_speculative_tokens": 4})  # fmt: skip
+                                             "num_speculative_tokens": 4},
+                  quantization=None)  # fmt: skip
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         ids = plain.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
