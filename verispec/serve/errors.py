@@ -61,10 +61,8 @@ def add_error_handlers(app: FastAPI) -> None:
         if e.status_code == 405:
             return APIError(405, f"method not allowed: {e.detail}", code="method_not_allowed"
                             ).response()  # fmt: skip
-        if e.status_code == 413:
-            return APIError(413, str(e.detail), code="request_too_large").response()
-        if e.status_code == 408:
-            return APIError(408, str(e.detail), code="request_timeout").response()
+        if e.status_code in (408, 413):
+            return body_refused(e.status_code, str(e.detail))
         return APIError(e.status_code, str(e.detail)).response()
 
     @app.exception_handler(Exception)
@@ -169,3 +167,13 @@ _EXAMPLES = {
     "/v1/chat/completions": '{"messages": [{"role": "user", "content": "Hi"}]}',
 }
 """A minimal body of each generation route, quoted when the body is empty."""
+
+
+def body_refused(status: int, detail: str) -> JSONResponse:
+    """The 408 (body too slow) or 413 (too large) of a refused request body, with
+    `Connection: close`: the rest of the body may still be on its way, so the connection
+    cannot carry another request (without the header the server would wait on it)."""
+    code = "request_timeout" if status == 408 else "request_too_large"
+    response = APIError(status, detail, code=code).response()
+    response.headers["connection"] = "close"
+    return response

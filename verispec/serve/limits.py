@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from verispec.serve.errors import APIError
+from verispec.serve.errors import body_refused
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 """A body may have at most 16 MiB (`--max-request-bytes`)."""
@@ -162,8 +162,7 @@ class BodyLimit:
 
 
 def _error_response(error: HTTPException) -> ASGIApp:
-    code = "request_timeout" if error.status_code == 408 else "request_too_large"
-    return APIError(error.status_code, str(error.detail), code=code).response()
+    return body_refused(error.status_code, str(error.detail))
 
 
 async def receive_before(receive: Receive, deadline: float, timeout_s: float) -> Message:
