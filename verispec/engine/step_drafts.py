@@ -39,11 +39,12 @@ class StepDrafts:
                token_ids: Sequence[list[int]]) -> StepDrafts:  # fmt: skip
         """A proposer's drafts (token_ids: its drafts.token_ids, perhaps trimmed) for the chunks
         at these plan indices; the other chunks get none."""
-        placed = cls.none(num_chunks)
+        ids: list[list[int]] = [[] for _ in range(num_chunks)]
+        trees: list[DraftTree | None] = [None] * num_chunks
         for n, i in enumerate(chunks):
-            placed.token_ids[i] = token_ids[n]
-            placed.trees[i] = None if drafts.trees is None else drafts.trees[n]
-        return cls(placed.token_ids, placed.trees, drafts.probs)
+            ids[i] = token_ids[n]
+            trees[i] = None if drafts.trees is None else drafts.trees[n]
+        return cls(ids, trees, drafts.probs)
 
     def rows(self, chunks: Sequence[int]) -> list[list[int]]:
         """The draft tokens of the chunks at these plan indices (e.g. Schedule.sampled)."""

@@ -128,7 +128,7 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await drain(scope, receive, 0, deadline)
             error = BodyTooLarge(self.max_bytes, int(declared))
-            await _error_response(error)(scope, receive, send)
+            await body_refused(error.status_code, str(error.detail))(scope, receive, send)
             return
         received = 0
         complete = False
@@ -158,11 +158,7 @@ class BodyLimit:
         except (BodyTooLarge, BodyTimeout) as e:  # read outside FastAPI's error handlers
             if started:
                 raise
-            await _error_response(e)(scope, receive, send)
-
-
-def _error_response(error: HTTPException) -> ASGIApp:
-    return body_refused(error.status_code, str(error.detail))
+            await body_refused(e.status_code, str(e.detail))(scope, receive, send)
 
 
 async def receive_before(receive: Receive, deadline: float, timeout_s: float) -> Message:
