@@ -60,6 +60,7 @@ from tests.helpers.distribution import (
     VOCAB,
     char_tokenizer,
     exact_joint,
+    merged_tokenizer,
     run_case,
     word_tokenizer,
 )
@@ -75,7 +76,7 @@ from verispec.models.paged import PagedModel
 from verispec.models.weights.loader import load_model
 from verispec.sample import rejection
 from verispec.sample import tree as tree_module
-from verispec.sample.grammar import GrammarCompiler
+from verispec.sample.grammar import GrammarCompiler, GrammarMatcher
 from verispec.tokenizer import Tokenizer
 from verispec.train.distill import (
     extract_features,
@@ -580,3 +581,81 @@ def test_constrained_sampling_with_drafts_matches_the_constrained_target(
             break
     assert result.ok(ALPHA), result
     assert drafted >= N // 2 and acceptance is not None and 0.05 <= acceptance <= 0.95
+
+
+FORCED = StructuredOutputsParams(regex=r"[a-c]d[e-i]e[a-i]+")
+"""Letters under `char_tokenizer`: the grammar forces d after the first token and e after the
+third, so the second and fourth tokens are forced drafts (the draft model drafts on after d)."""
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_forced_drafts_keep_constrained_sampling_exact(
+    char_checkpoints: tuple[Path, Path, PreTrainedModel], ngram_prompt: list[int], seeded: bool,
+) -> None:  # fmt: skip
+    """The grammar's forced tokens lead each step's drafts (q one-hot), the draft model's
+    sampled drafts follow them: the first tokens still follow the constrained target."""
+    target, draft, model = char_checkpoints
+    spec = replace(draft_spec(char_checkpoints), model=str(draft), num_speculative_tokens=2)
+    params = replace(params_of(1.0, 1.0, -1, 4), structured_outputs=FORCED)
+    grammar = GrammarCompiler(char_tokenizer(), VOCAB, [1]).matcher(FORCED)
+    probs = exact_joint(model, ngram_prompt, params, grammar)
+    for first_seed in (0, N):
+        counts, acceptance, drafted = run_case(target, ngram_prompt, params, spec, N, first_seed,
+                                               seeded)  # fmt: skip
+        result = fit(probs, [counts[c] for c in range(len(probs))])
+        print(f"forced drafts: {result} acceptance={acceptance} drafts={drafted}")
+        if result.ok(ALPHA):
+            break
+    assert result.ok(ALPHA), result
+    assert drafted >= N  # the forced d at least, for every request
+
+
+TWO_WAYS = StructuredOutputsParams(regex=r"ab[c-d]e[a-g]+")
+"""Under `merged_tokenizer` the grammar forces the bytes "ab" and allows ab or a then b or bc:
+llguidance forces no token there, so the test forces its own (below)."""
+AB = 6
+"""The id of "ab" under `merged_tokenizer` (one the target likes about as much as a)."""
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_forced_draft_with_two_tokenizations_is_rejected_at_the_targets_rate(
+    checkpoints: tuple[Path, Path, PreTrainedModel], ngram_prompt: list[int],
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, method: str,
+) -> None:  # fmt: skip
+    """Forced drafts are verified like any draft, whatever a grammar library calls forced:
+    here every forced byte string is drafted as the tokenizer spells it (ab), though the
+    grammar also allows a then b or bc. The draft must then be rejected as often as the
+    constrained target prefers a, and the first tokens must follow the constrained target.
+    (llguidance forces a token only where its mask allows no other, so with it forced drafts
+    are always accepted; emitting them unverified would fail this test.)"""
+    root = tmp_path_factory.mktemp("merged-vocab")
+    for source, name in zip(checkpoints[:2], ("target", "draft"), strict=True):
+        shutil.copytree(source, root / name)
+        merged_tokenizer().save_pretrained(str(root / name))
+    spec = (NGRAM if method == "ngram"
+            else replace(draft_spec(checkpoints), model=str(root / "draft")))  # fmt: skip
+    encode = merged_tokenizer()
+
+    def forced_as_spelled(self: GrammarMatcher, limit: int) -> list[int]:
+        if limit <= 0 or self.matcher.is_stopped():
+            return []
+        text = bytes(self.matcher.compute_ff_bytes()).decode()
+        return encode(text, add_special_tokens=False)["input_ids"][:limit]
+
+    monkeypatch.setattr(GrammarMatcher, "forced_tokens", forced_as_spelled)
+    params = replace(params_of(1.0, 1.0, -1, 4), structured_outputs=TWO_WAYS)
+    grammar = GrammarCompiler(merged_tokenizer(), VOCAB, [1]).matcher(TWO_WAYS)
+    assert grammar.forced_tokens(4) == [AB]  # though a is allowed too:
+    assert grammar.masks([[]])[0].nonzero().flatten().tolist() == [3, AB]
+    probs = exact_joint(checkpoints[2], ngram_prompt, params, grammar)
+    p_ab = sum(probs[AB * VOCAB * VOCAB : (AB + 1) * VOCAB * VOCAB])  # P(first token = ab)
+    assert 0.05 < p_ab < 0.95
+    for first_seed in (0, N):
+        counts, _, _ = run_case(root / "target", ngram_prompt, params, spec, N, first_seed)
+        result = fit(probs, [counts[c] for c in range(len(probs))])
+        print(f"two tokenizations: {result} P(ab)={p_ab:.3f}")
+        if result.ok(ALPHA):
+            break
+    assert result.ok(ALPHA), result
+    first_ab = sum(n for cell, n in counts.items() if cell // (VOCAB * VOCAB) == AB)
+    assert abs(first_ab / N - p_ab) < 5 * math.sqrt(p_ab * (1 - p_ab) / N)

@@ -43,6 +43,19 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def merged_tokenizer() -> PreTrainedTokenizerFast:
+    """12 ids, single letters a .. g and the merges "ab" (id 6) and "bc" (id 11): the text "abc"
+    is then both ab|c and a|bc, and "ab" both ab and a|b."""
+    chars = ["<s>", "</s>", "<pad>", "a", "b", "c", "ab", "d", "e", "f", "g", "bc"]
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(chars)},
+                               merges=[("a", "b"), ("b", "c")]))  # fmt: skip
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
 def exact_joint(
     model: PreTrainedModel,
     prompt: list[int],

@@ -163,3 +163,32 @@ def test_an_added_text_token_is_text_to_the_grammar(tokenizer) -> None:
     assert tok.decode(emitted, skip_special_tokens=True) == "<tool_call>\nok"
     assert m.valid_prefix([added]) == 0  # consumed already; from the start it is taken:
     assert compiler.matcher(StructuredOutputsParams(regex="<tool_call>x")).valid_prefix([added])
+
+
+def test_forced_tokens_are_what_the_grammar_leaves_no_choice_about(
+    compiler: GrammarCompiler,
+) -> None:
+    m = compiler.matcher(StructuredOutputsParams(regex="abc(d|e)fg"))
+    assert m.forced_tokens(8) == ids("abc")
+    assert m.forced_tokens(2) == ids("ab") and m.forced_tokens(0) == []
+    for token in ids("abce"):
+        m.advance(token)
+    assert m.forced_tokens(8) == ids("fg")
+    for token in ids("fg"):
+        m.advance(token)
+    m.advance(1)  # EOS: the grammar has stopped
+    assert m.forced_tokens(8) == []
+
+
+def test_a_grammar_after_pending_tokens_reads_every_history_after_them(
+    compiler: GrammarCompiler,
+) -> None:
+    m = compiler.matcher(StructuredOutputsParams(regex=REGEX))
+    after = m.after(ids("h"))
+    histories = [[], ids("a"), ids("ab")]
+    for history, mask in zip(histories, after.masks(histories), strict=True):
+        assert torch.equal(mask, fresh_mask(compiler, ids("h") + history)), history
+    assert after.valid_prefix([*ids("ab"), 1]) == 2 and after.valid_prefix([1]) == 0  # EOS early
+    with pytest.raises(RuntimeError, match="read-only"):
+        after.advance(ids("a")[0])
+    assert torch.equal(m.masks([[]])[0], fresh_mask(compiler, []))  # m itself did not move

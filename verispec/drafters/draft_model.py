@@ -14,7 +14,7 @@ from verispec.drafters.draft_vocab import draft_vocab
 from verispec.drafters.ngram import Lookup
 from verispec.drafters.proposer import draw_drafts, stack_draft_probs
 from verispec.engine.drafter import Drafts, TargetInfo
-from verispec.engine.request import TokenHistory, all_greedy
+from verispec.engine.request import TokenHistory, all_greedy, num_verified
 from verispec.kv import BlockAllocator, BlockTable, PrefixCache
 from verispec.kv.cache import KVCache
 from verispec.models.kernels.native_layer import can_step_greedily, greedy_steps
@@ -64,8 +64,17 @@ class _DraftState:
     """Leading blocks of table in the draft's prefix cache (prefix_cache.STOP: no more)."""
 
     def valid_length(self, tokens: list[int]) -> int:
-        """Cached positions still valid for tokens: the common prefix of base + drafts."""
+        """Cached positions still valid for tokens: the common prefix of base + drafts (base
+        may end in forced drafts the target then rejected: engine.request.AfterForced).
+
+        >>> _DraftState(None, base=[1, 2, 3], drafts=[4, 5]).valid_length([1, 2, 3, 4, 9])
+        4
+        >>> _DraftState(None, base=[1, 2, 3], drafts=[4]).valid_length([1, 2, 7, 8])
+        2
+        """
         n = len(self.base)
+        if tokens[:n] != self.base:  # rare: forced drafts rejected
+            return _common_prefix(self.base, tokens)
         for d in self.drafts:
             if n >= len(tokens) or tokens[n] != d:
                 break
@@ -73,11 +82,21 @@ class _DraftState:
         return min(n, len(tokens))
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))  # fmt: skip
+
+
 class DraftModelProposer:
     """Runs a draft model in lockstep with the target: its own paged KV cache, rolled back to
     the accepted prefix before each proposal; drafts use the request's own sampling warping.
     The model is any LlamaModel over the target's vocabulary: a separate checkpoint (load) or
     the target's own layers with some skipped (drafters/self_draft.py)."""
+
+    continues_forced = True
+    """Its cache is checked against each history it is handed, so it drafts on after
+    grammar-forced drafts (engine/drafter.py, ContinuesForced) and rolls back any rejected."""
 
     def __init__(
         self,
@@ -250,7 +269,7 @@ class DraftModelProposer:
         if self.prefix_cache is not None and not any(drafts):  # the catch-up: once a proposal
             for r in requests:  # blocks of committed tokens only: rollback never rewrites them
                 s = self.states[r.request_id]
-                committed = min(s.table.num_tokens, r.num_tokens - 1)
+                committed = min(s.table.num_tokens, num_verified(r) - 1)
                 s.num_indexed = self.prefix_cache.insert(s.table, r.all_token_ids, s.num_indexed,
                                                          committed)  # fmt: skip
         return logits

@@ -152,6 +152,10 @@ class Lookup:
 class NgramProposer:
     """The prompt-lookup drafter: deterministic, so q is one-hot at each draft (probs None)."""
 
+    continues_forced = True
+    """It reads only the history it is handed: it drafts on after grammar-forced drafts
+    (engine/drafter.py, ContinuesForced)."""
+
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n

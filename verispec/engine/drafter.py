@@ -3,8 +3,8 @@
 sampling, not the engine's Request), what it returns (Drafts), the calls every drafter answers
 (Proposer), and the optional capabilities the engine looks for (HoldsKV: a KV cache of its own;
 CachesPrefixes and DrafterPrefix: its own prefix cache; FeatureProposer: the target's
-features), found once when the engine is built (Capabilities.of), which also checks how they
-must pair."""
+features; ContinuesForced: drafting on after grammar-forced drafts), found once when the
+engine is built (Capabilities.of), which also checks how they must pair."""
 
 from __future__ import annotations
 
@@ -72,6 +72,19 @@ class Proposer(Protocol):
 
     def release(self, request: TokenHistory) -> None:
         """Forget a request (finished or preempted) and free what the drafter holds for it."""
+        ...
+
+
+@runtime_checkable
+class ContinuesForced(Protocol):
+    """A drafter that drafts on after a request's grammar-forced drafts (handed the request as
+    an engine.request.AfterForced): it reads only the tokens of the history it is given and
+    keeps nothing that forced tokens the target then rejects could spoil. Other drafters are
+    not asked to draft for a request in a step that has forced drafts."""
+
+    @property
+    def continues_forced(self) -> bool:
+        """True (its presence marks the capability)."""
         ...
 
 
@@ -148,6 +161,8 @@ class Capabilities:
     """It reads the target's features (the engine asks the forward for them)."""
     shared_prefix: DrafterPrefix | None = None
     """A feature drafter that reads every position: a target prefix hit is cut to its blocks."""
+    continues_forced: ContinuesForced | None = None
+    """It drafts on after a request's grammar-forced drafts."""
 
     @classmethod
     def of(cls, proposer: Proposer | None) -> Capabilities:
@@ -169,6 +184,7 @@ class Capabilities:
             own_kv=proposer if isinstance(proposer, HoldsKV) else None,
             prefixes=proposer if isinstance(proposer, CachesPrefixes) else None,
             features=features, shared_prefix=shared,
+            continues_forced=proposer if isinstance(proposer, ContinuesForced) else None,
         )  # fmt: skip
 
 

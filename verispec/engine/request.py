@@ -44,6 +44,64 @@ class TokenHistory(Protocol):
     def finished(self) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class AfterForced:
+    """A request's history with its grammar-forced drafts appended, as a drafter that drafts on
+    after them reads it (engine/drafter.py, ContinuesForced): the forced tokens count as output,
+    the grammar is read after them, and num_verified says where the target's tokens end.
+
+    Worked example: output [5, 6] and forced [7, 8] -> output_token_ids [5, 6, 7, 8], the next
+    draft's noise key is output position 4, and num_verified is the prompt's length + 2.
+    """
+
+    request: TokenHistory
+    forced: list[int]
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.request.output_token_ids + self.forced
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.request.all_token_ids + self.forced
+
+    @property
+    def num_tokens(self) -> int:
+        return self.request.num_tokens + len(self.forced)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def grammar(self) -> GrammarMatcher | None:
+        g = self.request.grammar
+        return None if g is None else g.after(self.forced)
+
+    @property
+    def finished(self) -> bool:
+        return self.request.finished
+
+    @property
+    def num_verified(self) -> int:
+        """Tokens of the history the target has seen: all but the forced drafts."""
+        return self.request.num_tokens
+
+
+def num_verified(history: TokenHistory) -> int:
+    """Tokens of a history the target has verified: all of a request's, all but the forced
+    drafts of an AfterForced (what a drafter may index in a prefix cache)."""
+    return history.num_verified if isinstance(history, AfterForced) else history.num_tokens
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

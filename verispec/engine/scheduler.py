@@ -16,6 +16,10 @@ from verispec.spec.policy import AdaptiveSpeculation
 from verispec.types.outputs import TokenLogprobs
 from verispec.types.stats import SpecStats
 
+MAX_FORCED_DRAFTS = 16
+"""Most grammar-forced tokens a request drafts in one step: a forced run longer than that is
+rare (a tool call's opening), and each draft is a verify row even when it is free to draft."""
+
 
 @dataclass(slots=True)
 class ScheduledRequest:
@@ -28,8 +32,11 @@ class ScheduledRequest:
     slots: list[int]
     """KV slots of token_ids, then of up to num_draft_slots draft tokens."""
     num_draft_slots: int = 0
-    """Draft tokens this request may verify this step (k, shrunk near its limits); the drafts
-    themselves travel apart, as the step's StepDrafts."""
+    """Draft tokens this request may verify this step (its forced drafts, then k, shrunk near
+    its limits); the drafts themselves travel apart, as the step's StepDrafts."""
+    forced: list[int] = field(default_factory=list)
+    """The tokens its grammar forces next, its first drafts this step (within num_draft_slots;
+    none without speculation)."""
     is_decode: bool = field(init=False)
     """Whether this step decodes the request (engine.request.decodes: its one new token is its
     last, after its computed prompt), fixed when the plan is made, as Schedule.sampling is."""
@@ -228,15 +235,15 @@ class Scheduler:
             if not s.samples:  # a prefill chunk short of the end: its full blocks are done
                 self._index(s.request)
         finished = []
-        for i, (s, ids, tokens, accepted) in enumerate(zip(
-            plan.sampling, drafts.rows(plan.sampled), verdict.token_ids, verdict.num_accepted,
-            strict=True,
+        for i, (s, ids, forced, tokens, accepted) in enumerate(zip(
+            plan.sampling, drafts.rows(plan.sampled), drafts.forced(plan.sampled),
+            verdict.token_ids, verdict.num_accepted, strict=True,
         )):  # fmt: skip
             request = s.request
             request.num_computed_tokens += accepted
             request.block_table.truncate(request.num_computed_tokens)
-            request.spec_stats.record(len(ids), accepted)
-            totals.record(len(ids), accepted)
+            request.spec_stats.record(len(ids), accepted, forced)
+            totals.record(len(ids), accepted, forced)
             request.append_tokens(tokens, decode, logprobs[i] if logprobs else None)
             self._index(request)
             if request.finished:
@@ -288,9 +295,9 @@ class Scheduler:
         # before it (a 1-token prompt, or a prompt cached but for its last token, would
         # otherwise draft at once).
         decoding = request.is_decoding and not looked_up
-        k = self._num_drafts(request, budget - 1) if decoding else 0
+        forced, k = self._num_drafts(request, budget - 1) if decoding else ([], 0)
         try:
-            slots = request.block_table.append_slots(num_new + k)
+            slots = request.block_table.append_slots(num_new + len(forced) + k)
         except CacheExhaustedError:
             if looked_up:  # give the shared blocks back; the lookup is retried next time
                 request.block_table.free()
@@ -303,7 +310,7 @@ class Scheduler:
                                                  request.num_indexed_blocks)  # fmt: skip
         start = request.num_computed_tokens
         ids = request.all_token_ids[start : start + num_new]
-        return ScheduledRequest(request, start, ids, slots, num_draft_slots=k)
+        return ScheduledRequest(request, start, ids, slots, len(forced) + k, forced)
 
     def _plan_drafts(self, budget: int) -> None:
         """Ask the policy for each running decoding request's k, with one token per decoding
@@ -318,18 +325,22 @@ class Scheduler:
         ks = self.policy.choose([r.request_id for r in drafting], min(len(decoding), budget))
         self._planned = {id(r): k for r, k in zip(drafting, ks, strict=True)}  # fmt: skip
 
-    def _num_drafts(self, request: Request, budget: int) -> int:
-        """k for a decoding request (the policy's choice, else num_speculative_tokens), shrunk
-        so drafts fit the token budget, the context limit (the last draft's position stays
-        below max_model_len) and max_tokens (k + 1 emitted); 0 for a request that turned
-        speculation off (SamplingParams.speculative: plain decoding, the reference of
-        `verispec verify`)."""
-        if not request.params.speculative:
-            return 0
+    def _num_drafts(self, request: Request, budget: int) -> tuple[list[int], int]:
+        """A decoding request's drafts this step: the tokens its grammar forces (up to
+        MAX_FORCED_DRAFTS: free to draft, docs/design.md, 3) and k more (the policy's choice,
+        else num_speculative_tokens), all shrunk so drafts fit the token budget, the context
+        limit (the last draft's position stays below max_model_len) and max_tokens (drafts
+        + 1 emitted); none without speculation, or for a request that turned it off
+        (SamplingParams.speculative: plain decoding, the reference of `verispec verify`)."""
+        if not request.params.speculative or self.num_speculative_tokens == 0:
+            return [], 0
         left = request.params.max_tokens - len(request.output_token_ids)
-        limit = min(budget, request.max_model_len - request.num_tokens, left - 1)
+        limit = max(0, min(budget, request.max_model_len - request.num_tokens, left - 1))
+        forced = []
+        if request.grammar is not None:
+            forced = request.grammar.forced_tokens(min(limit, MAX_FORCED_DRAFTS))
         k = self._planned.get(id(request), self.num_speculative_tokens)
-        return max(0, min(k, limit))
+        return forced, max(0, min(k, limit - len(forced)))
 
     def _reserve(
         self,

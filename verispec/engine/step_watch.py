@@ -67,11 +67,18 @@ def observe_step(
     """Feed the adaptive policy one step's times and each request's acceptance."""
     tokens = sum(len(s.token_ids) + len(ids)
                  for s, ids in zip(plan.scheduled, drafts.token_ids, strict=True))  # fmt: skip
-    depth = max((len(ids) for ids in drafts.token_ids), default=0)
+    # Forced drafts cost nothing to draft: the drafter's depth leaves them out, the target's
+    # tokens count them (they are verify rows like any draft).
+    forced = drafts.forced(range(len(plan.scheduled)))
+    depth = max((len(ids) - f for ids, f in zip(drafts.token_ids, forced, strict=True)),
+                default=0)  # fmt: skip
     # Prefill tokens cost less than verify rows (shorter attention): only steps of decode
     # rows and their drafts teach the target curve, which the policy asks about them.
     decode_only = all(s.is_decode for s in plan.scheduled)
     policy.cost.observe(tokens if decode_only else None, depth, step_s - draft_s, draft_s)
-    for s, ids, accepted in zip(plan.sampling, drafts.rows(plan.sampled), verdict.num_accepted,
-                                strict=True):  # fmt: skip
-        policy.observe_request(s.request.request_id, len(ids), accepted)
+    for s, ids, f, accepted in zip(plan.sampling, drafts.rows(plan.sampled),
+                                   drafts.forced(plan.sampled), verdict.num_accepted,
+                                   strict=True):  # fmt: skip
+        # The drafter's acceptance: its drafts were judged only if every forced one passed.
+        if accepted >= f:
+            policy.observe_request(s.request.request_id, len(ids) - f, accepted - f)

@@ -226,6 +226,20 @@ class GrammarMatcher:
         """How many of `tokens` (after the output so far) the grammar accepts, in order."""
         return self.matcher.validate_tokens(list(tokens))
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces next, after the output so far: the bytes
+        no other text can follow with, tokenized as the tokenizer would (llguidance's
+        compute_ff_tokens). Another tokenization of the same bytes may still be allowed, so
+        they are drafts to verify, not tokens to emit. None once the grammar has stopped."""
+        if limit <= 0 or self.matcher.is_stopped():
+            return []
+        return self.matcher.compute_ff_tokens()[:limit]
+
+    def after(self, tokens: Sequence[int]) -> GrammarMatcher:
+        """This grammar as seen after `tokens` not yet emitted (a request's forced drafts): a
+        drafter that drafts on after them masks and trims its drafts as the target will."""
+        return _GrammarAfter(self, list(tokens))
+
     def advance(self, token: int) -> None:
         """Consume one emitted token (always allowed: the masked target sampled it). Once the
         grammar is complete only EOS may follow, which changes nothing (ignore_eos runs on)."""
@@ -234,6 +248,28 @@ class GrammarMatcher:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"grammar rejected emitted token {token}: "
                                f"{self.matcher.get_error()}")  # fmt: skip
+
+
+class _GrammarAfter(GrammarMatcher):
+    """A GrammarMatcher read after some pending tokens: every history it is asked about is
+    prefixed with them. Read-only: tokens are emitted into the request's own matcher."""
+
+    def __init__(self, inner: GrammarMatcher, pending: list[int]) -> None:
+        super().__init__(inner.matcher, inner.vocab_size)
+        self.inner, self.pending = inner, pending
+
+    def masks(self, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        return self.inner.masks([self.pending + list(h) for h in histories])
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        n = self.inner.valid_prefix(self.pending + list(tokens))
+        return max(0, n - len(self.pending))
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        raise RuntimeError("forced tokens are read from the request's own grammar")
+
+    def advance(self, token: int) -> None:
+        raise RuntimeError("a grammar read after pending tokens is read-only")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -23,14 +23,21 @@ class SpecStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     """accepted_per_position[i]: verify steps where draft position i was accepted."""
+    num_forced_tokens: int = 0
+    """Of num_draft_tokens, those a grammar forced (free to draft, verified like the rest)."""
+    num_accepted_forced_tokens: int = 0
+    """Of num_accepted_tokens, the forced ones."""
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        """Count one verify step that proposed num_drafts tokens and kept num_accepted."""
+    def record(self, num_drafts: int, num_accepted: int, num_forced: int = 0) -> None:
+        """Count one verify step that proposed num_drafts tokens (the first num_forced of them
+        forced by a grammar) and kept num_accepted."""
         if num_drafts == 0:
             return
         self.num_verify_steps += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
+        self.num_forced_tokens += num_forced
+        self.num_accepted_forced_tokens += min(num_accepted, num_forced)
         if len(self.accepted_per_position) < num_drafts:
             self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
         for i in range(num_accepted):
@@ -41,6 +48,8 @@ class SpecStats:
         self.num_verify_steps += other.num_verify_steps
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_forced_tokens += other.num_forced_tokens
+        self.num_accepted_forced_tokens += other.num_accepted_forced_tokens
         for i, n in enumerate(other.accepted_per_position):
             if i < len(self.accepted_per_position):
                 self.accepted_per_position[i] += n
@@ -73,6 +82,8 @@ class SpecStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance_rate": self.per_position_acceptance_rate,
+            "num_forced_tokens": self.num_forced_tokens,
+            "num_accepted_forced_tokens": self.num_accepted_forced_tokens,
         }
 
 
