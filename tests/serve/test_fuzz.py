@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXAMPLES = 300 if os.environ.get("VERISPEC_SOAK") == "1" else 25
 ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/models", "GET"),
+          ("/v1/models/{model_id}", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
           ("/health", "GET")]  # fmt: skip
 
 

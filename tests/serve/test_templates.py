@@ -211,11 +211,11 @@ def test_a_client_that_leaves_during_the_model_template_is_not_tokenized(
     entered = threading.Event()
     outcome: list[tuple[bool, Any]] = []
 
-    def slow(state: Any, conversation: Any, kwargs: Any, cap: int, gone: Any) -> Any:
+    def slow(state: Any, conversation: Any, kwargs: Any, cap: int, gone: Any, *rest: Any) -> Any:
         entered.set()
         noticed = gone.wait(30)
         try:
-            outcome.append((noticed, real(state, conversation, kwargs, cap, gone)))
+            outcome.append((noticed, real(state, conversation, kwargs, cap, gone, *rest)))
         except APIError as e:
             outcome.append((noticed, e.message))
 

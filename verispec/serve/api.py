@@ -6,7 +6,7 @@ is a 500 for the requests it was serving only. Prompts are checked, templated an
 worker thread, so that a large body does not hold up the event loop (and every other client)
 while it is tokenized; a request's own chat template renders in a worker process
 (serve/template_workers.py). The layers around the routes (API key, body limits, HEAD, CORS)
-are serve/middleware.py's.
+are serve/middleware.py's. /tokenize and /detokenize are serve/tokenization.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from verispec.api.stream import DeltaMaker
+from verispec.serve import tokenization
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.errors import FIELD_NAMES, APIError, add_error_handlers
 from verispec.serve.limits import ServerLimits
@@ -34,6 +35,12 @@ from verispec.serve.responses import Delta, ErrorInfo, ErrorResponse, ModelCard,
 from verispec.serve.state import ServerState
 from verispec.serve.structured import requested_constraint
 from verispec.serve.template_workers import TemplateWorkers
+from verispec.serve.tokenization import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from verispec.serve.tools import OutputPlan
 from verispec.types.chat import require_chat_template
 from verispec.types.outputs import RequestOutput
@@ -98,9 +105,25 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, created=state.created,
-                         max_model_len=state.max_model_len)  # fmt: skip
-        return ModelList(data=[card])
+        return ModelList(data=[_card(state)])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        if model_id != state.model_name:
+            raise APIError(404, f"model {model_id!r} is not served here; this server serves "
+                           f"{state.model_name!r} (GET /v1/models)", "model",
+                           "model_not_found")  # fmt: skip
+        return _card(state)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, raw: Request) -> TokenizeResponse:
+        _check_model(state, body.model)
+        return await tokenization.tokenize(state, body, raw)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        _check_model(state, body.model)
+        return await tokenization.detokenize(state, body)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> Response | BaseModel:
@@ -156,6 +179,11 @@ def _check_request(
                        f"{num_prompts * body.n} sequences; this server takes at most {cap} per "
                        "request (verispec serve --max-sequences-per-request); split it",
                        param)  # fmt: skip
+
+
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.model_name, created=state.created,
+                     max_model_len=state.max_model_len)  # fmt: skip
 
 
 def _check_model(state: ServerState, model: str | None) -> None:

@@ -1,6 +1,7 @@
 """The ASGI layers around the API, outermost first: a trailing slash dropped, HEAD served as
 GET, CORS (only for the origins the operator names), the API key checked before the body is
-read, and the body's size and time limits (serve/limits.py)."""
+read (on /v1, /tokenize and /detokenize), and the body's size and time limits
+(serve/limits.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from verispec.serve.errors import APIError
 from verispec.serve.limits import BodyLimit, ServerLimits, drain, header
 
+GUARDED = ("/v1", "/tokenize", "/detokenize")
+"""The paths (and those under them) the API key guards: the API's; the pages, /health and
+/metrics stay open."""
 ORIGIN = re.compile(r"https?://[^/\s]+")
 """An origin as browsers send it: scheme and host, with a port or not, and no path."""
 
@@ -91,10 +95,10 @@ class HeadAsGet:
 
 
 class ApiKey:
-    """ASGI middleware answering a /v1 request without `Authorization: Bearer KEY` with a 401
-    from its headers, before its body is read or parsed (the body is dropped unread, as
-    BodyLimit drops a refused one, so the client gets the 401 rather than a reset). The key is
-    compared in constant time."""
+    """ASGI middleware answering a request to a GUARDED path without `Authorization: Bearer
+    KEY` with a 401 from its headers, before its body is read or parsed (the body is dropped
+    unread, as BodyLimit drops a refused one, so the client gets the 401 rather than a reset).
+    The key is compared in constant time."""
 
     def __init__(self, app: ASGIApp, api_key: str, timeout_s: float) -> None:
         self.app = app
@@ -103,7 +107,9 @@ class ApiKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        guarded = scope["type"] == "http" and (path == "/v1" or path.startswith("/v1/"))
+        guarded = scope["type"] == "http" and any(
+            path == p or path.startswith(p + "/") for p in GUARDED
+        )
         if not guarded or self._authorized(scope):
             await self.app(scope, receive, send)
             return

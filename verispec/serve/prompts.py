@@ -81,9 +81,13 @@ def encode(
 
 
 async def chat_prompt(
-    state: ServerState, body: ChatCompletionRequest, raw: Request
+    state: ServerState,
+    body: ChatCompletionRequest,
+    raw: Request,
+    add_generation_prompt: bool = True,
 ) -> tuple[str, list[int], OutputPlan]:
-    """(text, token ids) of a chat request's messages with its tools rendered, and what its
+    """(text, token ids) of a chat request's messages with its tools rendered (and the
+    assistant's generation prompt, which only /tokenize may leave out), and what its
     output must match and is parsed for. Checking, templating, tokenizing and compiling a
     constraint run in worker threads (a request's own template in a worker process); a client
     that leaves meanwhile stops them (its worker process is killed; the model's own template,
@@ -93,13 +97,15 @@ async def chat_prompt(
     cap = state.limits.prompt_bytes(state.max_model_len)
     template = kwargs.pop("chat_template", None)
     if template is None or state.templates is None:
-        own = asyncio.to_thread(_own_template_prompt, state, conversation, kwargs, cap, gone)
+        own = asyncio.to_thread(_own_template_prompt, state, conversation, kwargs, cap, gone,
+                                add_generation_prompt)  # fmt: skip
         text, ids = await _unless_gone(raw, gone, own)
         return text, ids, plan
     tools = kwargs.pop("tools", None)
     variables = {**_special_tokens(state.tokenizer.hf), **kwargs}
     request = {"template": template, "messages": conversation, "tools": tools,
-               "variables": variables, "max_bytes": cap}  # fmt: skip
+               "variables": variables, "max_bytes": cap,
+               "add_generation_prompt": add_generation_prompt}  # fmt: skip
     rendered = render_request_template(state.templates, request, state.max_model_len)
     text = await _unless_gone(raw, gone, rendered)
     ids = await _unless_gone(raw, gone, asyncio.to_thread(_encode_chat, state, text, gone))
@@ -125,10 +131,12 @@ def _own_template_prompt(
     kwargs: dict[str, Any],
     cap: int,
     gone: threading.Event,
+    add_generation_prompt: bool,
 ) -> tuple[str, list[int]]:
     """(text, ids) of a conversation rendered by the model's own chat template."""
     try:
-        text = render_chat(state.tokenizer.hf, conversation, state.model_name, kwargs)
+        text = render_chat(state.tokenizer.hf, conversation, state.model_name, kwargs,
+                           add_generation_prompt)  # fmt: skip
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
     size = text_bytes(text)

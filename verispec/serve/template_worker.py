@@ -8,7 +8,8 @@ server's, caps its own address space at what it holds after its imports plus MEM
 kernel then refuses a template's larger allocation: a MemoryError here, not an out-of-memory
 kill of the server), says it is ready, and then answers one request at a time on
 stdin/stdout. A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON. A
-request is {"template", "messages", "tools", "variables", "max_bytes"}; the answer is {"text"},
+request is {"template", "messages", "tools", "variables", "max_bytes"} and optionally
+"add_generation_prompt" (default true); the answer is {"text"},
 {"too_large": bytes} (the text is not sent), {"error": message} or {"out_of_memory": true},
 after which the worker exits. Time is bounded by the parent, which kills a worker that has not
 answered in time.
@@ -68,7 +69,8 @@ def render(request: dict[str, Any]) -> dict[str, Any]:
     try:
         rendered, _ = render_jinja_template(
             conversations=[request["messages"]], tools=request["tools"],
-            chat_template=request["template"], add_generation_prompt=True,
+            chat_template=request["template"],
+            add_generation_prompt=request.get("add_generation_prompt", True),
             **request["variables"],
         )  # fmt: skip
         text = rendered[0]

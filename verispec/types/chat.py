@@ -177,14 +177,19 @@ def chat_prompt(
 
 
 def render_chat(
-    tokenizer: Any, conversation: Conversation, model_name: str, kwargs: Mapping[str, Any]
+    tokenizer: Any,
+    conversation: Conversation,
+    model_name: str,
+    kwargs: Mapping[str, Any],
+    add_generation_prompt: bool = True,
 ) -> str:
-    """The text of a conversation rendered by the model's chat template with the generation
-    prompt; any exception of the template (it runs on the caller's messages and variables) is
-    a ValueError saying so."""
+    """The text of a conversation rendered by the model's chat template, with the generation
+    prompt unless told otherwise (a count of the conversation alone); any exception of the
+    template (it runs on the caller's messages and variables) is a ValueError saying so."""
     try:
         return tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                             add_generation_prompt=True, **kwargs)  # fmt: skip
+                                             add_generation_prompt=add_generation_prompt,
+                                             **kwargs)  # fmt: skip
     except Exception as e:
         raise ValueError(f"the chat template of model {model_name} refused the messages: "
                          f"{_exception_text(e)}") from e  # fmt: skip
