@@ -47,6 +47,13 @@ class Workload:
     def path(self) -> Path:
         return PROMPTS_DIR / f"{self.name}.jsonl"
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The shipped file's rows as written (an OpenAI chat request's fields, for `agent`)."""
+        if not self.path.is_file():
+            raise ValueError(f"workload file {self.path} is missing; reinstall verispec")
+        with self.path.open(encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
     def prompts(self, n: int | None = None) -> list[BenchPrompt]:
         """The shipped prompts (n of them, spread over the file; all when n is None)."""
         if not self.path.is_file():
@@ -97,6 +104,13 @@ WORKLOADS: dict[str, Workload] = {
                  384, 15, True),
     )
 }
+
+AGENT = Workload("agent", "JSON-schema extraction and forced tool calls, as chat requests", 200,
+                 14, True)
+"""Agents' requests (written for the bench, none from the tests): each row an OpenAI chat
+request's messages with a json_schema response_format or tools and a named tool_choice. Its
+answers are constrained, which the harness's engines do not do, so it is not in WORKLOADS:
+benchmarks/agent_bench.py sends it to a real server."""
 
 
 def build_workload(

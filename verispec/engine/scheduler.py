@@ -125,6 +125,7 @@ class Scheduler:
         """When set, it chooses each decoding request's k every step (up to
         num_speculative_tokens); else every decoding request gets num_speculative_tokens."""
         self._planned: dict[int, int] = {}  # id(request) -> k the policy chose this step
+        self._forced: dict[int, list[int]] = {}  # id(request) -> its grammar's forced tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -313,16 +314,23 @@ class Scheduler:
         return ScheduledRequest(request, start, ids, slots, len(forced) + k, forced)
 
     def _plan_drafts(self, budget: int) -> None:
-        """Ask the policy for each running decoding request's k, with one token per decoding
-        request as the base cost: prefill chunks cost both choices alike, and leaving them out
-        can only make drafting look less worth it (a conservative error). Requests with
-        speculation off (SamplingParams.speculative) count in the base and are not asked about."""
-        self._planned = {}
+        """Find each running decoding request's forced tokens (those with a grammar), and ask
+        the policy for each one's k, with one token per decoding request and its forced drafts
+        as the base cost: prefill chunks cost both choices alike, and leaving them out can only
+        make drafting look less worth it (a conservative error). Requests with speculation off
+        (SamplingParams.speculative) count in the base and are not asked about."""
+        self._planned, self._forced = {}, {}
+        decoding = [r for r in self.running if r.is_decoding]
+        drafting = [r for r in decoding if r.params.speculative and self.num_speculative_tokens]
+        for r in drafting:
+            if r.grammar is not None:
+                self._forced[id(r)] = r.grammar.forced_tokens(MAX_FORCED_DRAFTS)
         if self.policy is None:
             return
-        decoding = [r for r in self.running if r.is_decoding]
-        drafting = [r for r in decoding if r.params.speculative]
-        ks = self.policy.choose([r.request_id for r in drafting], min(len(decoding), budget))
+        # forced drafts are verify rows of the step whatever k is: they count in the base
+        forced = sum(len(f) for f in self._forced.values())
+        ks = self.policy.choose([r.request_id for r in drafting],
+                                min(len(decoding) + forced, budget), forced)  # fmt: skip
         self._planned = {id(r): k for r, k in zip(drafting, ks, strict=True)}  # fmt: skip
 
     def _num_drafts(self, request: Request, budget: int) -> tuple[list[int], int]:
@@ -336,9 +344,7 @@ class Scheduler:
             return [], 0
         left = request.params.max_tokens - len(request.output_token_ids)
         limit = max(0, min(budget, request.max_model_len - request.num_tokens, left - 1))
-        forced = []
-        if request.grammar is not None:
-            forced = request.grammar.forced_tokens(min(limit, MAX_FORCED_DRAFTS))
+        forced = self._forced.get(id(request), [])[:limit]
         k = self._planned.get(id(request), self.num_speculative_tokens)
         return forced, max(0, min(k, limit - len(forced)))
 

@@ -68,6 +68,7 @@ def choose_num_drafts(
     base_tokens: int,
     step_seconds: Callable[[int, int], float],
     margin: float = 0.0,
+    free_tokens: int = 0,
 ) -> list[int]:
     """Per request, the number of drafts (one of depths, which starts at 0) that maximises
     expected emitted tokens per second of step time; drafting at all must beat no drafts by
@@ -76,7 +77,8 @@ def choose_num_drafts(
     accepted[i][j]: request i's expected accepted drafts when it drafts depths[j] tokens;
     base_tokens: new tokens in the forward besides drafts (one per decoding request, plus
     prefill chunks); step_seconds(tokens, depth): the step's time with `tokens` in the target
-    forward and `depth` positions drafted. Each decoding request emits 1 + accepted tokens.
+    forward and `depth` positions drafted. Each decoding request emits 1 + accepted tokens;
+    free_tokens more come whatever the choice (grammar-forced drafts, counted in base_tokens).
 
     Worked example: two requests, one predictable (a = 0.9), one not (0.1), depths [0, 1, 2],
     a step costing 1 s + 0.1 s per token + 0.2 s per draft position, 2 base tokens:
@@ -93,7 +95,7 @@ def choose_num_drafts(
         return []
 
     def rate(ks: Sequence[int], js: Sequence[int]) -> float:
-        emitted = n + sum(accepted[i][j] for i, j in enumerate(js))
+        emitted = n + free_tokens + sum(accepted[i][j] for i, j in enumerate(js))
         return emitted / step_seconds(base_tokens + sum(ks), max(ks, default=0))
 
     best_j = max(range(len(depths)), key=lambda j: rate([depths[j]] * n, [j] * n))
@@ -132,10 +134,13 @@ class AdaptiveSpeculation:
         self.last_choice: list[int] = []
         """The draft counts chosen at the last step (for metrics)."""
 
-    def choose(self, request_ids: Sequence[str], base_tokens: int) -> list[int]:
-        """Draft counts for the decoding requests (before the scheduler's own limits)."""
+    def choose(self, request_ids: Sequence[str], base_tokens: int,
+               free_tokens: int = 0) -> list[int]:  # fmt: skip
+        """Draft counts for the decoding requests (before the scheduler's own limits); the
+        step emits free_tokens more whatever they are (choose_num_drafts)."""
         accepted = [self._gains(self._requests.get(r, _Counts())) for r in request_ids]
-        ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds, MARGIN)
+        ks = choose_num_drafts(accepted, self.depths, base_tokens, self.cost.seconds, MARGIN,
+                               free_tokens)  # fmt: skip
         if request_ids and not any(ks):
             self._idle_steps += 1
             if self._idle_steps >= explore_interval(len(request_ids)):
