@@ -24,8 +24,8 @@ from verispec.serve import Server
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXAMPLES = 300 if os.environ.get("VERISPEC_SOAK") == "1" else 25
-ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/models", "GET"),
-          ("/health", "GET")]  # fmt: skip
+ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/responses", "POST"),
+          ("/v1/models", "GET"), ("/health", "GET")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -50,8 +50,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return _validation_error(e.errors(), request.headers.get("content-type"),
-                                 request.url.path).response()  # fmt: skip
+        return validation_error(e.errors(), request.headers.get("content-type"),
+                                request.url.path).response()  # fmt: skip
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
@@ -71,7 +71,7 @@ def add_error_handlers(app: FastAPI) -> None:
                         ).response()  # fmt: skip
 
 
-def _validation_error(
+def validation_error(
     errors: Sequence[Any], content_type: str | None = None, path: str = ""
 ) -> APIError:
     """The first of pydantic's errors as a 400 naming the field (a 415 when the body was not
@@ -165,6 +165,7 @@ _UNION_FORMS = {
 _EXAMPLES = {
     "/v1/completions": '{"prompt": "Once upon a time", "max_tokens": 16}',
     "/v1/chat/completions": '{"messages": [{"role": "user", "content": "Hi"}]}',
+    "/v1/responses": '{"input": "Hi"}',
 }
 """A minimal body of each generation route, quoted when the body is empty."""
 
