@@ -7,6 +7,7 @@ model; and the 400s of what this server does not take."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import urllib.request
 from typing import Any
@@ -19,6 +20,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.helpers.serving import assert_error, blocks_free, call, wait_until
 from verispec.serve import Server
+from verispec.serve.responses_reply import ResponsesReply
+from verispec.serve.responses_request import ResponsesRequest
+from verispec.types.outputs import RequestMetrics, RequestOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,6 +51,73 @@ ADD = {
 }  # fmt: skip
 SCHEMAS = {t["name"]: t["parameters"] for t in (WEATHER, ADD)}
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+# The builder alone: the same response whole or fed in any pieces
+
+
+MIXED = ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+         '\n<tool_call>\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>\nDone.')  # fmt: skip
+
+
+def answer(text: str, finish_reason: str = "stop") -> RequestOutput:
+    return RequestOutput("r", None, [1, 2, 3], text, [7] * 9, finish_reason, RequestMetrics())
+
+
+def without_ids(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in item.items() if k not in ("id", "call_id")}
+            for item in response["output"]]  # fmt: skip
+
+
+def fed(text: str, cuts: list[int], parse_tools: bool, reason: str = "stop") -> list[dict]:
+    """The events of `text` fed to a builder in the pieces `cuts` make."""
+    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3, parse_tools)
+    bounds = [0, *cuts, len(text)]
+    events = reply.start()
+    for start, end in itertools.pairwise(bounds):
+        events += reply.feed(text[start:end], final=end == len(text))
+    return events + reply.finish(answer(text, reason))
+
+
+@pytest.mark.parametrize("parse_tools", [True, False])
+def test_any_pieces_give_the_whole_answer_s_response(parse_tools: bool) -> None:
+    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3, parse_tools)
+    whole = reply.response(answer(MIXED)).model_dump()
+    Response.model_validate(whole)
+    if parse_tools:  # the message (the text outside calls) first, then the calls in order
+        assert without_ids(whole) == [
+            {"type": "message", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Let me add.Done.", "annotations": [],
+                          "logprobs": []}]},
+            {"type": "function_call", "name": "add", "arguments": '{"a": 1, "b": 2}',
+             "status": "completed"},
+            {"type": "function_call", "name": "add", "arguments": '{"a": 3}',
+             "status": "completed"},
+        ]  # fmt: skip
+    else:
+        assert whole["output"][0]["content"][0]["text"] == MIXED
+    for cuts in ([], list(range(1, len(MIXED))), [5, 14, 30, 70, 71, 100]):
+        events = fed(MIXED, cuts, parse_tools)
+        for i, event in enumerate(events):
+            EVENTS.validate_python(event)
+            assert event["sequence_number"] == i
+        final = events[-1]["response"]
+        assert events[-1]["type"] == "response.completed"
+        assert without_ids(final) == without_ids(whole) and final["usage"] == whole["usage"]
+        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert "".join(deltas) == whole["output"][0]["content"][0]["text"]
+
+
+def test_an_answer_of_calls_only_has_no_message_and_a_cut_one_is_incomplete() -> None:
+    calls_only = MIXED[len("Let me add.\n") : -len("\nDone.")]
+    events = fed(calls_only, [20], parse_tools=True)
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["function_call"] * 2
+    cut = fed("", [], parse_tools=False, reason="length")  # nothing said: an empty message
+    final = cut[-1]["response"]
+    assert cut[-1]["type"] == "response.incomplete" and final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert without_ids(final)[0]["content"][0]["text"] == ""
+    Response.model_validate(final)
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +428,8 @@ BAD = [
     ({"input": [{"type": "function_call_output", "call_id": "c",
                  "output": [{"type": "input_file", "file_id": "f"}]}]}, "input.0.output.0.type"),
     ({"input": []}, "input"),
+    ({"input": [5]}, "input"),
+    ({"input": 5}, "input"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": "hi", "tools": [{"type": "function", "name": "a b"}]}, "tools.0.name"),
     ({"input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),

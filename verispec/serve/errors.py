@@ -160,6 +160,8 @@ _UNION_FORMS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
     "content": 'a string or a list of {"type": "text", "text": ...} parts (text only)',
     "stop": "a string or a list of strings",
+    "input": "a string or a list of items (objects: messages, function_call, "
+    "function_call_output)",
 }
 """What a union field allows, in words."""
 _EXAMPLES = {
