@@ -423,6 +423,7 @@ BAD = [
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
     ({"input": [{"role": "user"}]}, "input.0.content"),
     ({"input": [{"role": "user", "content": "x", "phase": "final"}]}, "input.0.phase"),
+    ({"input": [{"role": "user", "content": "x", "output": "y"}]}, "input.0.output"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{x"}]},
      "input.0.arguments"),
     ({"input": [{"type": "function_call_output", "call_id": "c",

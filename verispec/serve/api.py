@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API on FastAPI: the app and its routes (completions, chat
-completions streamed with Server-Sent Events or not, responses (serve/responses_request.py,
-answered as a chat completion is), models, health, Prometheus metrics, the
+completions streamed with Server-Sent Events or not, models, health, Prometheus metrics, the
 chat page at `/` and the API's page at `/docs`). Errors are answered in OpenAI's shape
-(serve/errors.py); the response bodies are built by serve/openai_format.py. A failed engine step
+(serve/errors.py); the response bodies are built by serve/openai_format.py (and by
+serve/responses_reply.py for /v1/responses, whose request is answered as the chat completion it
+translates into: serve/responses_request.py). A failed engine step
 is a 500 for the requests it was serving only. Prompts are checked, templated and tokenized in a
 worker thread, so that a large body does not hold up the event loop (and every other client)
 while it is tokenized; a request's own chat template renders in a worker process

@@ -228,7 +228,8 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind not in ITEM_TYPES:
             raise APIError(400, f"input.{i}: items of type {kind!r} are not supported; this "
                            f"server takes {', '.join(ITEM_TYPES)} items", f"input.{i}.type")
-        rest = {k: v for k, v in item.items() if k not in ("content", "output")}
+        text_field = {"message": "content", "function_call_output": "output"}.get(kind)
+        rest = {k: v for k, v in item.items() if k != text_field}  # read by _text
         if kind == "message":
             message = _validated(InputMessage, rest, at)
             content = _text(item.get("content"), (*at, "content"))
