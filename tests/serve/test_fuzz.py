@@ -24,9 +24,9 @@ from verispec.serve import Server
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXAMPLES = 300 if os.environ.get("VERISPEC_SOAK") == "1" else 25
-ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/models", "GET"),
-          ("/v1/models/{model_id}", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
-          ("/health", "GET")]  # fmt: skip
+ROUTES = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/v1/responses", "POST"),
+          ("/v1/models", "GET"), ("/v1/models/{model_id}", "GET"), ("/tokenize", "POST"),
+          ("/detokenize", "POST"), ("/health", "GET")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API on FastAPI: the app and its routes (completions, chat
 completions streamed with Server-Sent Events or not, models, health, Prometheus metrics, the
 chat page at `/` and the API's page at `/docs`). Errors are answered in OpenAI's shape
-(serve/errors.py); the response bodies are built by serve/openai_format.py. A failed engine step
+(serve/errors.py); the response bodies are built by serve/openai_format.py (and by
+serve/responses_reply.py for /v1/responses, whose request is answered as the chat completion it
+translates into: serve/responses_request.py). A failed engine step
 is a 500 for the requests it was serving only. Prompts are checked, templated and tokenized in a
 worker thread, so that a large body does not hold up the event loop (and every other client)
 while it is tokenized; a request's own chat template renders in a worker process
@@ -32,6 +34,8 @@ from verispec.serve.openai_format import SSE_DONE, Reply, sse_event
 from verispec.serve.prompts import chat_prompt, completion_prompts, disconnected, too_long
 from verispec.serve.protocol import ChatCompletionRequest, CompletionRequest
 from verispec.serve.responses import Delta, ErrorInfo, ErrorResponse, ModelCard, ModelList
+from verispec.serve.responses_reply import ResponsesReply, response_events
+from verispec.serve.responses_request import ResponsesRequest, chat_request, responses_errors
 from verispec.serve.state import ServerState
 from verispec.serve.structured import requested_constraint
 from verispec.serve.template_workers import TemplateWorkers
@@ -144,12 +148,7 @@ def create_app(
                            "max_completion_tokens")  # fmt: skip
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        hf = state.tokenizer.hf
-        try:
-            require_chat_template(hf, state.model_name)
-        except ValueError:
-            raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
-                           "prompt to /v1/completions", "messages") from None  # fmt: skip
+        _check_chat_template(state)
         text, ids, plan = await chat_prompt(state, body, raw)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         if body.max_completion_tokens is not None:
@@ -159,7 +158,36 @@ def create_app(
         return await _generate(state, body, raw, [(ids, text)], max_tokens, field, num_top,
                                chat=True, plan=plan)  # fmt: skip
 
+    @app.post("/v1/responses", response_model=None)
+    async def responses(body: ResponsesRequest, raw: Request) -> Response | BaseModel:
+        with responses_errors():  # the chat path's 400s name the Responses fields
+            chat = chat_request(body)
+            _check_request(state, chat, 1)
+            _check_chat_template(state)
+            text, ids, plan = await chat_prompt(state, chat, raw)
+            params = plan.apply(_choice_params(state, chat, len(ids), chat.max_completion_tokens,
+                                               "max_output_tokens", None, 0))  # fmt: skip
+            try:
+                group = await state.engine.submit([(ids, text)], [params])
+            except ValueError as e:
+                raise APIError(400, str(e), "input") from None
+        reply = ResponsesReply(state.model_name, body, len(ids), plan.parse_tools)
+        if body.stream:
+            events = response_events(state.engine, group, reply,
+                                     DeltaMaker(state.tokenizer, params.stop))  # fmt: skip
+            return StreamingResponse(events, media_type="text/event-stream")
+        return reply.response((await _collect(state, group, raw))[0])
+
     return app
+
+
+def _check_chat_template(state: ServerState) -> None:
+    """A 400 unless the model has a chat template."""
+    try:
+        require_chat_template(state.tokenizer.hf, state.model_name)
+    except ValueError:
+        raise APIError(400, f"model {state.model_name} has no chat template; send a plain "
+                       "prompt to /v1/completions", "messages") from None  # fmt: skip
 
 
 def _check_request(

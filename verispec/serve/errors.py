@@ -50,8 +50,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return _validation_error(e.errors(), request.headers.get("content-type"),
-                                 request.url.path).response()  # fmt: skip
+        return validation_error(e.errors(), request.headers.get("content-type"),
+                                request.url.path).response()  # fmt: skip
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
@@ -71,7 +71,7 @@ def add_error_handlers(app: FastAPI) -> None:
                         ).response()  # fmt: skip
 
 
-def _validation_error(
+def validation_error(
     errors: Sequence[Any], content_type: str | None = None, path: str = ""
 ) -> APIError:
     """The first of pydantic's errors as a 400 naming the field (a 415 when the body was not
@@ -160,11 +160,14 @@ _UNION_FORMS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
     "content": 'a string or a list of {"type": "text", "text": ...} parts (text only)',
     "stop": "a string or a list of strings",
+    "input": "a string or a list of items (objects: messages, function_call, "
+    "function_call_output)",
 }
 """What a union field allows, in words."""
 _EXAMPLES = {
     "/v1/completions": '{"prompt": "Once upon a time", "max_tokens": 16}',
     "/v1/chat/completions": '{"messages": [{"role": "user", "content": "Hi"}]}',
+    "/v1/responses": '{"input": "Hi"}',
 }
 """A minimal body of each generation route, quoted when the body is empty."""
 
