@@ -18,10 +18,10 @@ from verispec.engine.drafter import (
     TargetInfo,
 )
 from verispec.engine.prefill_pace import PrefillPace
-from verispec.engine.request import AfterForced, Request
+from verispec.engine.request import Request
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, Scheduler
-from verispec.engine.step_drafts import StepDrafts, after_forced, trim_to_grammar
+from verispec.engine.step_drafts import StepDrafts, propose_after_forced, trim_to_grammar
 from verispec.engine.step_watch import StepWatch
 from verispec.kv import BlockAllocator, PrefixCache
 from verispec.kv.memory import KVMemory, check_fits, format_size, kv_pool_bytes
@@ -287,27 +287,17 @@ class Engine:
 
     def _propose(self, plan: Schedule) -> StepDrafts:
         """The drafts of each decoding request with draft slots, as the step's value: the
-        tokens its grammar forces (free drafts, q one-hot), then the drafter's from where they
-        end (a drafter that cannot continue after them drafts only where none are forced),
-        chains trimmed to the grammar; none without a proposer."""
+        tokens its grammar forces (free, q one-hot), then the drafter's after them (step_drafts.
+        propose_after_forced), chains trimmed to the grammar; none without a proposer."""
         drafting = [i for i, s in enumerate(plan.scheduled) if s.num_draft_slots > 0]
         if self.proposer is None or not drafting:
             return StepDrafts.none(len(plan.scheduled))
         chunks = [plan.scheduled[i] for i in drafting]
-        continues = self.capabilities.continues_forced is not None
-        asked = [n for n, s in enumerate(chunks)
-                 if s.num_draft_slots > len(s.forced) and (continues or not s.forced)]  # fmt: skip
-        own = None
-        if asked:
-            histories = [AfterForced(chunks[n].request, chunks[n].forced)
-                         if chunks[n].forced else chunks[n].request for n in asked]  # fmt: skip
-            own = self.proposer.propose(histories, [chunks[n].num_draft_slots
-                                                    - len(chunks[n].forced) for n in asked])
-        drafts = after_forced([s.forced for s in chunks], asked, own)
-        requests = [s.request for s in chunks]
+        requests, forced = [s.request for s in chunks], [s.forced for s in chunks]
+        drafts = propose_after_forced(self.proposer, self.capabilities.continues_forced is not None,
+                                      requests, forced, [s.num_draft_slots for s in chunks])
         return StepDrafts.placed(len(plan.scheduled), drafting, drafts,
-                                 trim_to_grammar(requests, drafts),
-                                 [len(s.forced) for s in chunks])  # fmt: skip
+                                 trim_to_grammar(requests, drafts), [len(f) for f in forced])
 
     def _verify(
         self, plan: Schedule, drafts: StepDrafts, logits: torch.Tensor,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.engine.drafter import Drafts
-from verispec.engine.request import Request
+from verispec.engine.drafter import Drafts, Proposer
+from verispec.engine.request import AfterForced, Request
 from verispec.sample.tree import DraftTree
 
 
@@ -78,6 +78,23 @@ def trim_to_grammar(requests: Sequence[Request], drafts: Drafts) -> list[list[in
         return drafts.token_ids
     return [ids if r.grammar is None else ids[: r.grammar.valid_prefix(ids)]
             for r, ids in zip(requests, drafts.token_ids, strict=True)]  # fmt: skip
+
+
+def propose_after_forced(
+    proposer: Proposer, continues: bool, requests: Sequence[Request],
+    forced: Sequence[list[int]], slots: Sequence[int],
+) -> Drafts:  # fmt: skip
+    """Each request's drafts: its forced tokens, then the proposer's for its other slots,
+    drafted after them (an AfterForced history) when the proposer continues forced drafts
+    (`continues`), else only for requests with none forced."""
+    asked = [n for n, (f, k) in enumerate(zip(forced, slots, strict=True))
+             if k > len(f) and (continues or not f)]  # fmt: skip
+    own = None
+    if asked:
+        histories = [AfterForced(requests[n], forced[n]) if forced[n] else requests[n]
+                     for n in asked]  # fmt: skip
+        own = proposer.propose(histories, [slots[n] - len(forced[n]) for n in asked])
+    return after_forced(forced, asked, own)
 
 
 def after_forced(
