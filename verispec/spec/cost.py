@@ -23,7 +23,6 @@ import itertools
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -173,16 +172,15 @@ class MeasuredStepCost:
                 below = [k for k in self.profile if k <= tokens]
                 point = max(below) if below else min(self.profile)
                 self._ratios.setdefault(point, deque(maxlen=WINDOW)).append(ratio)
-        if depth > 0:  # the fastest: a drafter catching up on a new prompt is a rare slow
-            self._update(self.draft, "draft", depth, draft_s, min)  # step (drafting_factor)
+        if depth > 0:
+            self._update(self.draft, "draft", depth, draft_s)
         self._merged = {}
 
-    def _update(self, table: dict[int, float], name: str, key: int, value: float,
-                fold: Callable[[deque[float]], float] = statistics.median) -> None:  # fmt: skip
-        """table[key]: fold (the median) of key's last WINDOW measurements."""
+    def _update(self, table: dict[int, float], name: str, key: int, value: float) -> None:
+        """table[key]: the median of key's last WINDOW measurements."""
         recent = self._recent.setdefault((name, key), deque(maxlen=WINDOW))
         recent.append(value)
-        table[key] = fold(recent)
+        table[key] = statistics.median(recent)
 
     def seconds(self, tokens: int, depth: int) -> float:
         """Predicted step seconds, a drafting step's corrected by drafting_factor()."""
