@@ -2,7 +2,8 @@
 reply's shape written into the system turn, earlier calls and tool results written as JSON text
 in turns every template renders, and the llguidance grammar that holds the answer to one JSON
 object, a call `{"tool_call": {"name", "arguments"}}` (several: `{"tool_calls": [...]}`) or a
-reply `{"response": ...}`, the shape llama.cpp's server uses. serve/generic_calls.py parses it."""
+reply `{"response": ...}`, the shape llama.cpp's server uses (serve/generic_tool_calls.py parses
+it)."""
 
 from __future__ import annotations
 

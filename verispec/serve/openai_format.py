@@ -1,7 +1,7 @@
 """OpenAI's response bodies for completions and chat completions, whole or as Server-Sent
 Events chunks, with verispec's speculation statistics beside the usage; a chat answer's tool
 calls parsed out of its text when the request has tools (by the parser of its format,
-serve/tool_calls.py or serve/generic_calls.py)."""
+serve/tool_calls.py or serve/generic_tool_calls.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from verispec.serve.errors import APIError
-from verispec.serve.generic_calls import GenericCallParser
+from verispec.serve.generic_tool_calls import GenericCallParser
 from verispec.serve.generic_tools import (
     TEXT,
     GenericPrompt,
