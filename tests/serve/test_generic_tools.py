@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.helpers.chat import TEMPLATE, with_chat_template
-from tests.serve.conftest import TOOLS_CONTEXT, make_pair, serve
+from tests.serve.conftest import make_pair, serve
 from tests.serve.test_tools import ADD, MESSAGES, SCHEMAS, TOOLS, WEATHER, sample_under
 from verispec import LLM
 from verispec.serve import Server
@@ -178,9 +178,10 @@ def test_a_strict_template_renders_the_rewritten_history(tokenizer) -> None:
 
 @pytest.fixture(scope="module")
 def generic_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
-    """A chat pair with TEMPLATE (no tools) and a context that holds the tools' text."""
+    """A chat pair with TEMPLATE (no tools) and a context that holds the tools' text (agent
+    SDKs' tools, described at length, in a BPE of a few hundred tokens)."""
     return make_pair(tmp_path_factory, with_chat_template(tokenizer), "generic",
-                     max_position_embeddings=TOOLS_CONTEXT)  # fmt: skip
+                     max_position_embeddings=4096)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
