@@ -103,8 +103,9 @@ BAD_CHATS = [
     (chat(tools=[{"type": "function"}]), "tools.0.function"),
     (chat(tools=[{"type": "function", "function": {"name": "has space"}}]),
      "tools.0.function.name"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),  # no tools in
-    (chat(tool_choice="sometimes"), "tool_choice"),  # the template; a bad tool_choice
+    (chat(tools=[{"type": "function", "function": {"name": "f"}}],  # a function not in tools
+          tool_choice={"type": "function", "function": {"name": "g"}}), "tool_choice"),
+    (chat(tool_choice="sometimes"), "tool_choice"),  # a bad tool_choice
     (chat(tool_choice="required"), "tool_choice"),  # no tools to call
     (chat(parallel_tool_calls="yes"), "parallel_tool_calls"),
     (chat(response_format={"type": "xml"}), "response_format"),

@@ -1,6 +1,7 @@
 """The Hermes tool-call parser: calls and content of whole answers (several calls, text around
 them, malformed blocks kept as content, a last block left open), and a stream cut anywhere
-gives what the whole answer gives."""
+gives what the whole answer gives; an answer that is only a JSON call of a given tool, bare or
+fenced, read as that call (only then), streamed alike."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec.serve.tool_calls import ParsedCall, ToolCallParser, parse_call, parse_tool_calls
+from verispec.serve.tool_calls import (
+    BareCallParser,
+    ParsedCall,
+    ToolCallParser,
+    bare_call,
+    may_be_bare_call,
+    parse_call,
+    parse_tool_calls,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 
@@ -108,4 +117,69 @@ def test_a_stream_cut_anywhere_gives_the_whole_answers_calls_and_content(
         content += out.content
         calls += out.calls
     whole = parse_tool_calls(text)
+    assert (content, calls) == (whole.content, whole.calls)
+
+
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+NAMES = {"get_weather", "add"}
+
+
+@pytest.mark.parametrize("text", [BARE, f"  {BARE}\n", f"```json\n{BARE}\n```",
+                                  f"```\n{BARE}\n```\n", f"```JSON\n  {BARE}```"])  # fmt: skip
+def test_an_answer_that_is_only_a_json_call_of_a_given_tool_is_that_call(text: str) -> None:
+    call = ParsedCall("get_weather", '{"city": "Paris"}')
+    assert bare_call(text, NAMES) == call
+    parser = BareCallParser(NAMES)
+    assert parser.feed(text, final=True).calls == [call] and parser.num_calls == 1
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "other", "arguments": {}}',  # not a given tool
+    '{"name": "add", "arguments": "{}"}',  # arguments not an object
+    '{"name": "add"}',
+    f"{BARE} and then text",
+    f"Sure: {BARE}",
+    f"```python\n{BARE}\n```",
+    f"```json\n{BARE}\n``` more",
+    f"[{BARE}]",
+    '{"name": "add", "arguments": {}',  # cut short
+])  # fmt: skip
+def test_anything_else_is_content(text: str) -> None:
+    assert bare_call(text, NAMES) is None
+    parsed = BareCallParser(NAMES).feed(text, final=True)
+    assert (parsed.content, parsed.calls) == (parse_tool_calls(text).content, [])
+
+
+def test_a_stream_holds_only_what_may_be_a_call() -> None:
+    assert not may_be_bare_call("Sure", NAMES)
+    assert may_be_bare_call("``", NAMES) and may_be_bare_call("```js", NAMES)
+    assert not may_be_bare_call("```py", NAMES) and not may_be_bare_call("```js\n", NAMES)
+    assert may_be_bare_call(f"```json\n{BARE}\n``", NAMES)
+    assert not may_be_bare_call('{"name": "other", "arguments": {}}', NAMES)
+    parser = BareCallParser(NAMES)
+    assert parser.feed("```py").content == "```py"  # released as soon as it cannot be a call
+    parser = BareCallParser(NAMES)
+    assert parser.feed(BARE[:20]).content == "" and parser.feed(BARE[20:]).calls == []
+    assert parser.feed("", final=True).calls == [ParsedCall("get_weather", '{"city": "Paris"}')]
+
+
+BARE_ANSWERS = [f"```json\n{BARE}\n```", f" {BARE} ", f"```python\nx = 1\n```{WEATHER}",
+                f"{BARE} tail", '{"name": "add", "arguments": {"a": "}"}}', "`x` <tool_call>"]
+
+
+@pytest.mark.parametrize("text", BARE_ANSWERS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_stream_cut_anywhere_gives_the_whole_answers_bare_call_or_content(
+    text: str, data: st.DataObject
+) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    parser = BareCallParser(NAMES)
+    content, calls = "", []
+    for i, piece in enumerate(pieces):
+        out = parser.feed(piece, final=i == len(pieces) - 1)
+        content += out.content
+        calls += out.calls
+    whole = BareCallParser(NAMES).feed(text, final=True)
     assert (content, calls) == (whole.content, whole.calls)

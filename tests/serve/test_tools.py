@@ -83,13 +83,15 @@ def test_no_tools_or_tool_choice_none_renders_and_parses_nothing() -> None:
     for fields in ({}, {"tools": []}, {"tools": [], "tool_choice": "auto"},
                    {"tools": TOOLS, "tool_choice": "none"}):  # fmt: skip
         p = plan(**fields)
-        assert (p.template_tools, p.parse_tools, p.constraint, p.stop) == (None, False, None, ())
+        assert (p.template_tools, p.parse_tools, p.constraint, p.stop) == (None, None, None, ())
     assert plan(TEMPLATE, tools=TOOLS, tool_choice="none").template_tools is None
 
 
 def test_auto_renders_and_parses_without_forcing() -> None:
     p = plan(tools=TOOLS)
     assert p.template_tools == TOOLS and p.parse_tools and p.constraint is None and not p.stop
+    bare = '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```'  # an unforced call
+    assert [c.name for c in p.parse_tools().feed(bare, final=True).calls] == ["add"]
     one = plan(tools=TOOLS, parallel_tool_calls=False)  # at most one call: stop when it closes
     assert one.stop == (CLOSE,) and one.constraint is None
 
@@ -128,10 +130,10 @@ def test_what_cannot_be_done_is_a_400_naming_the_field(fields, param) -> None:
     assert (e.value.status, e.value.param) == (400, param)
 
 
-def test_a_template_without_tools_refuses_them_unless_tool_choice_is_none() -> None:
-    with pytest.raises(APIError, match="does not take tools") as e:
-        plan(TEMPLATE, tools=TOOLS)
-    assert e.value.param == "tools"
+def test_a_template_without_tools_gets_them_in_the_generic_format() -> None:
+    p = plan(TEMPLATE, tools=TOOLS)  # tests/serve/test_generic_tools.py tests the format
+    assert p.template_tools is None and p.prompt is not None and p.prompt.system is not None
+    assert plan(TOOLS_TEMPLATE, tools=TOOLS).prompt is None
 
 
 def test_forced_calls_and_a_response_format_are_refused_together() -> None:
@@ -322,15 +324,6 @@ def test_auto_answers_are_parsed_and_never_fail(client: openai.OpenAI) -> None:
         out = chat(client, tools=TOOLS, seed=seed, temperature=1, max_tokens=40)
         message = out.choices[0].message
         assert message.content is not None or message.tool_calls
-
-
-def test_a_template_without_tools_is_a_400(server: Server) -> None:
-    plain = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="does not take tools"):
-        plain.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS)
-    out = plain.chat.completions.create(model="tiny-chat", messages=MESSAGES, tools=TOOLS,
-                                        tool_choice="none", max_tokens=2)  # fmt: skip
-    assert out.choices[0].message.tool_calls is None
 
 
 def test_auto_with_a_json_response_format_answers_calls_or_that_json(client: openai.OpenAI) -> None:

@@ -1,11 +1,13 @@
 """OpenAI's response bodies for completions and chat completions, whole or as Server-Sent
 Events chunks, with verispec's speculation statistics beside the usage; a chat answer's tool
-calls parsed out of its text when the request has tools (serve/tool_calls.py)."""
+calls parsed out of its text when the request has tools (by the parser of its format,
+serve/tool_calls.py or serve/generic_tool_calls.py)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,7 +32,7 @@ from verispec.serve.responses import (
     TopLogprob,
     Usage,
 )
-from verispec.serve.tool_calls import ParsedCall, ToolCallParser, parse_tool_calls
+from verispec.serve.tool_calls import CallParser, Parsed, ParsedCall
 from verispec.types.outputs import RequestOutput, StreamDelta, TokenLogprobs
 from verispec.types.sampling_params import SamplingParams
 from verispec.types.stats import SpecStats
@@ -56,14 +58,14 @@ class Reply:
         params: list[SamplingParams],
         n: int,
         return_token_ids: bool,
-        parse_tools: bool = False,
+        parse_tools: Callable[[], CallParser] | None = None,
     ) -> None:
         self.model_name, self.tokenizer = model_name, tokenizer
         self.chat, self.params, self.n = chat, params, n
         self.prompts = prompts
         self.return_token_ids = return_token_ids
         self.parse_tools = parse_tools
-        self._parsers = [ToolCallParser() for _ in params] if parse_tools else []
+        self._parsers = [parse_tools() for _ in params] if parse_tools else []
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self._offsets = [0] * len(params)  # completions' text_offset so far, per choice
@@ -143,9 +145,9 @@ class Reply:
 
     def _message(self, text: str) -> AssistantMessage:
         """A whole answer as the assistant's message: its tool calls parsed out, if asked."""
-        if not self.parse_tools:
+        parsed = self._parsed(text)
+        if parsed is None:
             return AssistantMessage(content=text)
-        parsed = parse_tool_calls(text)
         if not parsed.calls:
             return AssistantMessage(content=parsed.content)
         return AssistantMessage(content=parsed.content or None,
@@ -153,9 +155,14 @@ class Reply:
 
     def _finish(self, reason: Any, text: str) -> Any:
         """tool_calls for an answer that stopped after calling tools, else the engine's reason."""
-        if self.parse_tools and reason == "stop" and parse_tool_calls(text).calls:
+        parsed = self._parsed(text) if reason == "stop" else None
+        if parsed is not None and parsed.calls:
             return "tool_calls"
         return reason
+
+    def _parsed(self, text: str) -> Parsed | None:
+        """A whole answer's content and calls, read by the request's parser (None: none)."""
+        return None if self.parse_tools is None else self.parse_tools().feed(text, final=True)
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> BaseModel:
         usage, spec = self._usage(outputs), _speculation(outputs)

@@ -122,7 +122,7 @@ def _chat_inputs(
     plan = plan_output(body, state.tokenizer.hf, state.model_name, requested_constraint(body))
     if plan.template_tools:
         kwargs["tools"] = plan.template_tools
-    return [m.as_dict() for m in body.messages], kwargs, plan
+    return plan.conversation([m.as_dict() for m in body.messages]), kwargs, plan
 
 
 def _own_template_prompt(

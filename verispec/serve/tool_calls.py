@@ -5,10 +5,14 @@ same parser serves both, so a streamed answer gives the same calls and content a
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+FENCE = "```"
+DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,14 @@ class Parsed:
     calls: list[ParsedCall] = field(default_factory=list)
 
 
+class CallParser(Protocol):
+    """A parser of one answer's calls and content, fed whole or piece by piece."""
+
+    num_calls: int
+
+    def feed(self, text: str, final: bool = False) -> Parsed: ...
+
+
 def parse_call(body: str) -> ParsedCall | None:
     """The call a block's body holds: a JSON object with a non-empty string `name` and an object
     (or JSON text) `arguments` (absent: none); None when it is anything else.
@@ -37,9 +49,17 @@ def parse_call(body: str) -> ParsedCall | None:
     True
     """
     try:
-        value = json.loads(body)
+        return as_call(json.loads(body))
     except json.JSONDecodeError:
         return None
+
+
+def as_call(value: object) -> ParsedCall | None:
+    """The call a decoded JSON value is (parse_call's rules), else None.
+
+    >>> as_call({"name": "f", "arguments": "{}"})
+    ParsedCall(name='f', arguments='{}')
+    """
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
     arguments = value.get("arguments", {})
@@ -138,3 +158,94 @@ def parse_tool_calls(text: str) -> Parsed:
     Parsed(content='Sure.', calls=[ParsedCall(name='f', arguments='{}')])
     """
     return ToolCallParser().feed(text, final=True)
+
+
+def bare_call(text: str, names: Collection[str]) -> ParsedCall | None:
+    """The call a whole answer is when it is only a JSON call (an object of arguments) of one of
+    `names`, bare or fenced in ``` or ```json; else None.
+
+    >>> bare_call('```json\\n{"name": "f", "arguments": {}}\\n```', {"f"})
+    ParsedCall(name='f', arguments='{}')
+    """
+    body = text.strip()
+    if body.startswith(FENCE):
+        info, _, inner = body[len(FENCE) :].partition("\n")
+        if info.strip().lower() not in ("", "json") or not inner.endswith(FENCE):
+            return None
+        body = inner[: -len(FENCE)].strip()
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("arguments"), dict):
+        return None
+    call = as_call(value)
+    return call if call is not None and call.name in names else None
+
+
+def may_be_bare_call(text: str, names: Collection[str]) -> bool:
+    """Whether the start of an answer may still turn out to be a bare_call (False stays False
+    whatever follows, so a stream can release text the moment it is).
+
+    >>> may_be_bare_call('```py', {"f"}), may_be_bare_call('{"name": "f", "argu', {"f"})
+    (False, True)
+    """
+    body = text.lstrip()
+    if body.startswith("`") and not body.startswith(FENCE):
+        return FENCE.startswith(body)
+    if body.startswith(FENCE):
+        info, newline, body = body[len(FENCE) :].partition("\n")
+        info = info.strip().lower()
+        if not newline:
+            return "json".startswith(info)
+        if info not in ("", "json"):
+            return False
+        body = body.lstrip()
+        if not body:
+            return True
+        tail = FENCE
+    else:
+        tail = ""
+    if not body or body[0] != "{":
+        return not body
+    try:
+        value, end = DECODER.raw_decode(body)
+    except json.JSONDecodeError:
+        return True  # not whole yet (or never: the answer's end tells)
+    rest = body[end:].strip()
+    called = isinstance(value, dict) and isinstance(value.get("arguments"), dict)
+    call = as_call(value) if called else None
+    return call is not None and call.name in names and tail.startswith(rest)
+
+
+class BareCallParser:
+    """ToolCallParser, and an answer that is only a JSON call of one of `names` (bare_call) is
+    that call: an answer that may be one is held until it ends or cannot be one."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self._names = frozenset(names)
+        self._held: str | None = ""  # None once the answer cannot be a bare call
+        self._inner = ToolCallParser()
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> Parsed:
+        """As ToolCallParser.feed."""
+        if self._held is None:
+            return self._counted(self._inner.feed(text, final))
+        held = self._held + text
+        if final:
+            self._held = None
+            call = bare_call(held, self._names)
+            if call is not None:
+                self.num_calls += 1
+                return Parsed(calls=[call])
+            return self._counted(self._inner.feed(held, final=True))
+        if may_be_bare_call(held, self._names):
+            self._held = held
+            return Parsed()
+        self._held = None
+        return self._counted(self._inner.feed(held))
+
+    def _counted(self, parsed: Parsed) -> Parsed:
+        self.num_calls += len(parsed.calls)
+        return parsed
