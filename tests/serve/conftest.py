@@ -76,3 +76,18 @@ def tools_server(tools_pair: tuple[Path, Path]) -> Iterator[Server]:
 def client(tools_server: Server) -> openai.OpenAI:
     """The openai client of `tools_server` (a module's own `client` fixture overrides it)."""
     return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def generic_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
+    """A chat pair whose template takes no tools (the generic tool format's case) and a context
+    that holds the tools' text (agent SDKs' tools, described at length, in a BPE of a few
+    hundred tokens)."""
+    return make_pair(tmp_path_factory, with_chat_template(tokenizer), "generic",
+                     max_position_embeddings=4096)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def generic_server(generic_pair: tuple[Path, Path]) -> Iterator[Server]:
+    """The generic pair's speculative target served as "tiny-generic", no API key."""
+    yield from serve(generic_pair, "tiny-generic")

@@ -17,7 +17,6 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
-from tests.serve.test_generic_tools import generic_pair, generic_server  # noqa: F401 (fixtures)
 from tests.serve.test_tools import SCHEMAS, WEATHER
 from verispec.serve import Server
 
@@ -56,7 +55,7 @@ class Add(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def url(generic_server: Server) -> str:  # noqa: F811 (the imported fixture)
+def url(generic_server: Server) -> str:
     return generic_server.url + "/v1"
 
 

@@ -7,7 +7,6 @@ streamed equal to whole, a round trip, greedy equal to the in-process LLM under 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +16,6 @@ import openai
 import pytest
 
 from tests.helpers.chat import TEMPLATE, with_chat_template
-from tests.serve.conftest import make_pair, serve
 from tests.serve.test_tools import ADD, MESSAGES, SCHEMAS, TOOLS, WEATHER, sample_under
 from verispec import LLM
 from verispec.serve import Server
@@ -174,19 +172,6 @@ def test_a_strict_template_renders_the_rewritten_history(tokenizer) -> None:
 
 
 # Through the openai client against a served model whose template takes no tools
-
-
-@pytest.fixture(scope="module")
-def generic_pair(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, Path]:
-    """A chat pair with TEMPLATE (no tools) and a context that holds the tools' text (agent
-    SDKs' tools, described at length, in a BPE of a few hundred tokens)."""
-    return make_pair(tmp_path_factory, with_chat_template(tokenizer), "generic",
-                     max_position_embeddings=4096)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def generic_server(generic_pair: tuple[Path, Path]) -> Iterator[Server]:
-    yield from serve(generic_pair, "tiny-generic")
 
 
 @pytest.fixture(scope="module")

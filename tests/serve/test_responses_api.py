@@ -22,6 +22,7 @@ from tests.helpers.serving import assert_error, blocks_free, call, wait_until
 from verispec.serve import Server
 from verispec.serve.responses_reply import ResponsesReply
 from verispec.serve.responses_request import ResponsesRequest
+from verispec.serve.tool_calls import ToolCallParser
 from verispec.types.outputs import RequestMetrics, RequestOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,7 +72,8 @@ def without_ids(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 def fed(text: str, cuts: list[int], parse_tools: bool, reason: str = "stop") -> list[dict]:
     """The events of `text` fed to a builder in the pieces `cuts` make."""
-    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3, parse_tools)
+    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3,
+                           ToolCallParser if parse_tools else None)
     bounds = [0, *cuts, len(text)]
     events = reply.start()
     for start, end in itertools.pairwise(bounds):
@@ -81,7 +83,8 @@ def fed(text: str, cuts: list[int], parse_tools: bool, reason: str = "stop") -> 
 
 @pytest.mark.parametrize("parse_tools", [True, False])
 def test_any_pieces_give_the_whole_answer_s_response(parse_tools: bool) -> None:
-    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3, parse_tools)
+    reply = ResponsesReply("m", ResponsesRequest(input="hi"), 3,
+                           ToolCallParser if parse_tools else None)
     whole = reply.response(answer(MIXED)).model_dump()
     Response.model_validate(whole)
     if parse_tools:  # the message (the text outside calls) first, then the calls in order

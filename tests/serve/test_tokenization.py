@@ -107,6 +107,18 @@ def test_tools_are_rendered_as_the_template_renders_them(tools_server: Server) -
     assert answer["count"] > tokenize(tools_server, messages=MESSAGES)["count"]
 
 
+def test_tools_on_a_template_without_them_give_the_ids_a_chat_request_runs(
+    generic_server: Server,
+) -> None:
+    """The generic tool format (tools in the system turn) is rendered for /tokenize too."""
+    chat = {"messages": MESSAGES, "tools": [TOOL], "max_tokens": 2, "return_token_ids": True}
+    status, answer = post(generic_server, "/v1/chat/completions", chat)
+    assert status == 200, answer
+    ids = tokenize(generic_server, messages=MESSAGES, tools=[TOOL])["tokens"]
+    assert ids == answer["choices"][0]["prompt_token_ids"]
+    assert len(ids) > len(tokenize(generic_server, messages=MESSAGES)["tokens"])
+
+
 BAD_TOKENIZE = [
     ({}, None, "prompt (text) or messages"),
     ({"prompt": "a", "messages": MESSAGES}, "prompt", "got both"),
@@ -118,7 +130,6 @@ BAD_TOKENIZE = [
     ({"prompt": 5}, "prompt", None),
     ({"messages": []}, "messages", None),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role", None),
-    ({"messages": MESSAGES, "tools": [TOOL]}, "tools", "does not take tools"),
     ({"messages": MESSAGES, "chat_template_kwargs": {"tokenize": True}},
      "chat_template_kwargs.tokenize", "must not set"),
     ({"prompt": "x\ud800"}, "prompt", "lone surrogate"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from verispec.api.stream import DeltaMaker
 from verispec.serve.async_engine import AsyncEngine, EngineError, RequestGroup
 from verispec.serve.responses_request import ResponsesRequest, function_tools
-from verispec.serve.tool_calls import ParsedCall, ToolCallParser
+from verispec.serve.tool_calls import CallParser, ParsedCall
 from verispec.types.outputs import RequestOutput
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -136,14 +136,15 @@ class ResponsesReply:
     """Builds one request's response and its stream events from the answer's text."""
 
     def __init__(
-        self, model_name: str, body: ResponsesRequest, num_prompt_tokens: int, parse_tools: bool
-    ) -> None:
+        self, model_name: str, body: ResponsesRequest, num_prompt_tokens: int,
+        parse_tools: Callable[[], CallParser] | None,
+    ) -> None:  # fmt: skip
         self.id = _new_id("resp")
         self.created_at = int(time.time())
         self._model_name = model_name
         self._echo = _echo(body)
         self._num_prompt_tokens = num_prompt_tokens
-        self._parser = ToolCallParser() if parse_tools else None
+        self._parser = parse_tools() if parse_tools is not None else None
         self._message: OutputMessage | None = None
         self._calls: list[ParsedCall] = []
         self._output: list[OutputMessage | OutputFunctionCall] = []
