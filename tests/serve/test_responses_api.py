@@ -350,7 +350,8 @@ def test_a_second_turn_with_the_call_and_its_output(
     assert second.output_text == text
 
 
-def calculator(url: str, calls: list[tuple[int, int]]) -> Any:
+def calculator(url: str, calls: list[tuple[int, int]], model_name: str = "tiny-tools",
+               **agent: Any) -> Any:  # fmt: skip
     """An openai-agents Agent with one function tool (its calls recorded in `calls`) on the
     SDK's default model, OpenAIResponsesModel, served at `url`: the tool forced on the first
     turn (the SDK lets the next turn answer freely), greedy, one call at a time."""
@@ -365,9 +366,9 @@ def calculator(url: str, calls: list[tuple[int, int]]) -> Any:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     settings = agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=200,
                                     parallel_tool_calls=False)  # fmt: skip
-    model = agents.OpenAIResponsesModel(model="tiny-tools", openai_client=client)
+    model = agents.OpenAIResponsesModel(model=model_name, openai_client=client)
     return agents.Agent(name="calculator", instructions="Add numbers.", tools=[add],
-                        model=model, model_settings=settings)  # fmt: skip
+                        model=model, model_settings=settings, **agent)  # fmt: skip
 
 
 def test_an_openai_agents_agent_calls_its_tool_and_answers(tools_server: Server) -> None:
@@ -390,6 +391,21 @@ def test_an_openai_agents_agent_calls_its_tool_and_answers(tools_server: Server)
 
     run = asyncio.run(streamed())  # the SDK reads the events of both turns
     assert calls[1] == calls[0] and run.final_output == result.final_output
+
+
+def test_an_openai_agents_agent_calls_its_tool_on_a_model_without_tools_in_its_template(
+    generic_server: Server,
+) -> None:
+    """The default path of the SDK on a model like the default one: the generic tool format
+    through the Responses API (the run stops at the tool's output: a tiny random model's free
+    answer could run on past any bound)."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    calls: list[tuple[int, int]] = []
+    agent = calculator(generic_server.url, calls, "tiny-generic",
+                       tool_use_behavior="stop_on_first_tool")  # fmt: skip
+    result = agents.Runner.run_sync(agent, "What is 2 + 3?", max_turns=2)
+    assert len(calls) == 1 and result.final_output == f"the sum is {sum(calls[0])}"
 
 
 def test_a_failing_step_is_a_500_or_a_failed_event(
