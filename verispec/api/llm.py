@@ -171,9 +171,13 @@ class LLM:
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         """Step the engine until nothing is left; the requests' outputs, in order."""
         with tqdm(total=len(requests), desc="generating", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished():
-                for r in self.engine.step():
-                    bar.update(int(r.finished))
+
+            def steps() -> None:  # in the engine's compute thread, all of them
+                while self.engine.has_unfinished():
+                    for r in self.engine.step():
+                        bar.update(int(r.finished))
+
+            self.engine.compute(steps)
         return [self.engine.output(r) for r in requests]
 
 

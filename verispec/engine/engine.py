@@ -6,10 +6,12 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
 from verispec.config import EngineConfig, ResolvedSpec
+from verispec.engine.compute_thread import ComputeThread
 from verispec.engine.drafter import (
     Capabilities,
     FeatureProposer,
@@ -18,7 +20,7 @@ from verispec.engine.drafter import (
     TargetInfo,
 )
 from verispec.engine.prefill_pace import PrefillPace
-from verispec.engine.request import Request
+from verispec.engine.request import Request, check_prompt
 from verispec.engine.runner import ModelRunner
 from verispec.engine.scheduler import Schedule, Scheduler
 from verispec.engine.step_drafts import StepDrafts, propose_after_forced, trim_to_grammar
@@ -43,6 +45,8 @@ from verispec.types.outputs import RequestOutput, TokenLogprobs
 from verispec.types.sampling_params import SamplingParams
 from verispec.types.stats import SpecStats, StepTimes
 
+R = TypeVar("R")
+
 PACE_RUNS = 2
 """Timed one-token forwards at start whose fastest seeds the prefill pace's plain step."""
 
@@ -58,6 +62,12 @@ class Engine:
         make_drafter builds for config.speculative, a ResolvedSpec the API layer made; prefix
         caching; adaptive policy) and the scheduler over them. self.config holds the SpecConfig
         that runs."""
+        self._compute = ComputeThread()  # every kernel call in one thread: compute_thread.py
+        self._compute.bind(self)
+        self._compute.run(self._build, config, make_drafter, progress)
+
+    def _build(self, config: EngineConfig, make_drafter: MakeDrafter | None,
+               progress: bool) -> None:  # fmt: skip
         resolved = config.speculative
         if resolved is not None and not isinstance(resolved, ResolvedSpec):
             raise ValueError(f"the engine takes a resolved speculative config (a ResolvedSpec) "
@@ -233,7 +243,7 @@ class Engine:
         text, ids = (
             (prompt, self.tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, prompt)
         )
-        self._check_prompt(ids)
+        check_prompt(ids, self.model.config.vocab_size, self.max_model_len)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.grammars.matcher(params.structured_outputs)
@@ -266,6 +276,13 @@ class Engine:
     def step(self) -> list[Request]:
         """Schedule, propose, run the target, verify, update (docs/design.md, 1); returns the
         requests that received tokens this step. Each phase's time goes to self.watch."""
+        return self._compute.run(self._step)
+
+    def compute(self, fn: Callable[[], R]) -> R:
+        """fn() in the thread this engine computes in (a loop of steps pays no hand-off)."""
+        return self._compute.run(fn)
+
+    def _step(self) -> list[Request]:
         watch = self.watch.start()
         plan = watch.timed("schedule", self._schedule)
         drafts = watch.timed("draft", self._propose, plan)
@@ -379,20 +396,3 @@ class Engine:
 
     def output(self, request: Request) -> RequestOutput:
         return request.output(self.tokenizer.decode)
-
-    def _check_prompt(self, ids: list[int]) -> None:
-        if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids
-        ):
-            raise ValueError("a prompt must be a string or a list of integer token ids")
-        if not ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        vocab = self.model.config.vocab_size
-        bad = next((i for i in ids if not 0 <= i < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
-                f"at most {self.max_model_len - 1} prompt tokens leave room for one output token"
-            )

@@ -304,3 +304,22 @@ def grammar_masks(
         assert request.grammar is not None
         allowed[indices] = request.grammar.masks([rows[i][1] for i in indices])
     return allowed
+
+
+def check_prompt(ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    """A ValueError unless ids is a prompt the engine can run: a non-empty list of token ids
+    in the vocabulary, short enough to leave room for one output token."""
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise ValueError("a prompt must be a string or a list of integer token ids")
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but max_model_len is {max_model_len}; "
+            f"at most {max_model_len - 1} prompt tokens leave room for one output token"
+        )

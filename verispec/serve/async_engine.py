@@ -82,7 +82,9 @@ class AsyncEngine:
         self.metrics = metrics
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._tracked: dict[Request, _Tracked] = {}
-        self._thread = threading.Thread(target=self._loop, name="verispec-engine", daemon=True)
+        self._thread = threading.Thread(target=engine.compute, args=(self._loop,),
+                                        name="verispec-engine", daemon=True)  # fmt: skip
+        """Waits while the loop runs in the engine's compute thread (engine/compute_thread.py)."""
 
     def start(self) -> None:
         self._thread.start()
