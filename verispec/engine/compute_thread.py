@@ -17,9 +17,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+
 R = TypeVar("R")
 
-_Job = tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]] | None
+_Job = tuple[Callable[..., Any], tuple[Any, ...], int, concurrent.futures.Future[Any]] | None
 
 
 class ComputeThread:
@@ -36,12 +38,13 @@ class ComputeThread:
         weakref.finalize(owner, self._jobs.put, None)
 
     def run(self, fn: Callable[..., R], *args: Any) -> R:
-        """fn(*args) in the compute thread (directly when called from it); its exception is
-        raised here."""
+        """fn(*args) in the compute thread (directly when called from it), with as many torch
+        threads as the caller has (torch.set_num_threads is a thread's own under OpenMP); its
+        exception is raised here."""
         if threading.current_thread() is self._thread:
             return fn(*args)
         done: concurrent.futures.Future[R] = concurrent.futures.Future()
-        self._jobs.put((fn, args, done))
+        self._jobs.put((fn, args, torch.get_num_threads(), done))
         return done.result()
 
     def close(self) -> None:
@@ -52,8 +55,10 @@ class ComputeThread:
 def _work(jobs: queue.SimpleQueue[_Job]) -> None:
     """The thread's loop: run each job, hand back its result or exception, until None."""
     while (job := jobs.get()) is not None:
-        fn, args, done = job
+        fn, args, threads, done = job
         try:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
             done.set_result(fn(*args))
         except BaseException as e:  # handed back to the caller, who raises it
             done.set_exception(e)

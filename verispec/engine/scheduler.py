@@ -148,6 +148,9 @@ class Scheduler:
         seats = self.max_num_seqs - len(self.running)
         long_waiting, admitting = [], True
         for request in list(self.waiting)[: max(seats, 0)]:
+            if request in preempted:  # not back this step: the requests it made room for run
+                admitting = False  # first (it went back to the front of the queue)
+                break
             if self._is_long(request):
                 long_waiting.append(request)  # its seat is kept; its chunk comes last
             elif self._admit(request, scheduled, self._left(scheduled)) is None:

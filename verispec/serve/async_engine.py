@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from verispec.api.stream import ProgressTracker, StepNews
 from verispec.engine.engine import Engine
 from verispec.engine.request import Request
@@ -82,8 +84,8 @@ class AsyncEngine:
         self.metrics = metrics
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._tracked: dict[Request, _Tracked] = {}
-        self._thread = threading.Thread(target=engine.compute, args=(self._loop,),
-                                        name="verispec-engine", daemon=True)  # fmt: skip
+        self._threads = torch.get_num_threads()  # the creator's: the loop computes with them
+        self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
         """Waits while the loop runs in the engine's compute thread (engine/compute_thread.py)."""
 
     def start(self) -> None:
@@ -146,6 +148,10 @@ class AsyncEngine:
                 self.engine.abort_request(request)
             self._tracked.pop(request, None)
         self._observe_queue()
+
+    def _run(self) -> None:
+        torch.set_num_threads(self._threads)
+        self.engine.compute(self._loop)
 
     def _loop(self) -> None:
         while True:
