@@ -2,8 +2,9 @@
 bench's `agent` workload, verispec/bench/prompts/agent.jsonl), served by a real `verispec
 serve` in this process, plain and speculative, every answer checked.
 
-Each configuration loads the model, serves it on a free port (prefix caching on, as `verispec
-serve` runs) and sends every request one at a time with the openai client, streamed; decode
+Each configuration runs in a process of its own: it loads the model, serves it on a free port
+(prefix caching on, as `verispec serve` runs) and sends every request one at a time, streamed
+(raw SSE lines, parsed after the answer); decode
 tokens/s is (tokens - 1) / (last chunk - first chunk, the role chunk left out), the median over
 the requests of a kind. The speculative run also reports tokens per
 step (emitted / target steps) and the share of emitted tokens that were forced drafts the
@@ -19,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
+import httpx
 import jsonschema
-import openai
 import torch
 
 from verispec import LLM
@@ -36,30 +39,35 @@ def kind_of(row: dict[str, Any]) -> str:
     return "tool call" if row.get("tools") else "extraction"
 
 
-def ask(client: openai.OpenAI, model: str, row: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """One streamed request: its answer (content or the tool call), chunk times, usage."""
-    extra = {k: row[k] for k in ("response_format", "tools", "tool_choice") if k in row}
-    started = time.perf_counter()
+def ask(url: str, model: str, row: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """One streamed request, read as raw Server-Sent Events (each line's arrival time kept,
+    the JSON parsed only afterwards, so the client takes little of the CPU it shares with the
+    server): its answer (content or the tool call), chunk times, usage and speculation."""
+    body = {"model": model, "messages": row["messages"], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            **{k: row[k] for k in ("response_format", "tools", "tool_choice") if k in row}}
+    lines: list[tuple[float, str]] = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                lines.append((time.perf_counter(), line))
     times, content, name, arguments, usage, spec = [], "", "", "", None, {}
-    stream = client.chat.completions.create(
-        model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True}, **extra,
-    )  # fmt: skip
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-            spec = (chunk.model_extra or {}).get("speculation") or {}
-        if chunk.choices:  # the role at once, then one a step (text, or nothing while a
-            times.append(time.perf_counter())  # tool call is held back until it closes)
-        for choice in chunk.choices:
-            delta = choice.delta
-            content += delta.content or ""
-            for call in delta.tool_calls or []:
-                name += call.function.name or "" if call.function else ""
-                arguments += call.function.arguments or "" if call.function else ""
-    assert usage is not None
+    for t, line in lines:
+        chunk = json.loads(line[len("data: "):])
+        if chunk.get("usage"):
+            usage, spec = chunk["usage"], chunk.get("speculation") or {}
+        if chunk["choices"]:  # the role at once, then one a step (text, or nothing while a
+            times.append(t)  # tool call is held back until it closes)
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                name += function.get("name") or ""
+                arguments += function.get("arguments") or ""
+    assert usage is not None, lines[-3:]
     return {"content": content, "name": name, "arguments": arguments, "times": times,
-            "tokens": usage.completion_tokens, "started": started, "spec": spec}  # fmt: skip
+            "tokens": usage["completion_tokens"], "spec": spec}
 
 
 def check(row: dict[str, Any], answer: dict[str, Any]) -> str | None:
@@ -86,11 +94,20 @@ def run_config(args: argparse.Namespace, speculative: str | dict[str, Any] | Non
               enable_prefix_caching=True)  # as `verispec serve` runs by default
     name = args.model or "default"
     with Server(llm.engine, port=0, model_name=name) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        ask(client, name, rows[0], 8)  # warm up (compiles the grammar machinery)
-        answers = [ask(client, name, row, args.max_tokens) for row in rows]
+        ask(server.url, name, rows[0], 8)  # warm up (compiles the grammar machinery)
+        answers = [ask(server.url, name, row, args.max_tokens) for row in rows]
     del llm
     return answers
+
+
+def in_own_process(one: str) -> list[dict[str, Any]]:
+    """This script's answers for one configuration, run in a fresh process: no thread of an
+    earlier configuration's engine (with its OpenMP workers) is left to share the cores."""
+    command = [sys.executable, __file__, "--one", one, *sys.argv[1:]]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the {one} run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def decode_rate(answer: dict[str, Any]) -> float:
@@ -111,12 +128,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=AGENT.max_tokens)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--one", choices=["plain", "speculative"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = AGENT.rows()
+    if args.one:  # one configuration, in a process of its own: print its answers as JSON
+        speculative = None if args.one == "plain" else args.speculative
+        print(json.dumps(run_config(args, speculative, rows)))
+        return
     print(f"# {cpu_description()}, {args.threads} threads, torch {torch.__version__}")
-    plain = run_config(args, None, rows)
-    spec = run_config(args, args.speculative, rows)
+    plain, spec = (in_own_process(one) for one in ("plain", "speculative"))
     table: dict[str, dict[str, list[float]]] = {}
     invalid = 0
     for row, p, s in zip(rows, plain, spec, strict=True):

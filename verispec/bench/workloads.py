@@ -105,7 +105,7 @@ WORKLOADS: dict[str, Workload] = {
     )
 }
 
-AGENT = Workload("agent", "JSON-schema extraction and forced tool calls, as chat requests", 200,
+AGENT = Workload("agent", "JSON-schema extraction and forced tool calls, as chat requests", 256,
                  14, True)
 """Agents' requests (written for the bench, none from the tests): each row an OpenAI chat
 request's messages with a json_schema response_format or tools and a named tool_choice. Its
