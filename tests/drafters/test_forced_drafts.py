@@ -167,3 +167,17 @@ def test_a_request_with_speculation_off_gets_no_forced_drafts(
     out = llm.generate(prompts, off)
     assert [o.token_ids for o in out] == [r.token_ids for r in plain[0.0]]
     assert llm.engine.spec_stats.num_draft_tokens == 0
+
+
+def test_logprobs_with_forced_drafts_are_plain_decodings(
+    pair: tuple[Path, Path, Path],
+) -> None:
+    """Each emitted token's logprob and top alternatives, forced drafts on, are the ones plain
+    constrained decoding reports (batch-invariant rows: equal, not close)."""
+    prompts, params = requests(0.0)
+    params = [replace(p, logprobs=3) for p in params]
+    plain = LLM(model=str(pair[0]), batch_invariant=True, speculative=None)
+    spec = LLM(model=str(pair[0]), batch_invariant=True, speculative=spec_of("ngram", pair))
+    for o, r in zip(spec.generate(prompts, params), plain.generate(prompts, params), strict=True):
+        assert o.token_ids == r.token_ids and o.logprobs == r.logprobs
+    assert spec.engine.spec_stats.num_accepted_forced_tokens > 0
