@@ -22,6 +22,7 @@ from verispec.models.llama import LlamaModel
 from verispec.models.paged import PagedModel, append_chunk
 from verispec.models.weights.loader import load_model, resolve_model_path
 from verispec.sample import argmax_rows
+from verispec.sample.grammar import common_prefix
 from verispec.tokenizer import Tokenizer
 
 
@@ -74,18 +75,12 @@ class _DraftState:
         """
         n = len(self.base)
         if tokens[:n] != self.base:  # rare: forced drafts rejected
-            return _common_prefix(self.base, tokens)
+            return common_prefix(self.base, tokens)
         for d in self.drafts:
             if n >= len(tokens) or tokens[n] != d:
                 break
             n += 1
         return min(n, len(tokens))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))  # fmt: skip
 
 
 class DraftModelProposer:

@@ -205,7 +205,7 @@ class GrammarMatcher:
         words = torch.empty(len(histories), (self.vocab_size + 31) // 32, dtype=torch.int32)
         consumed: list[int] = []
         for row, history in enumerate(histories):
-            common = _common_prefix(consumed, history)
+            common = common_prefix(consumed, history)
             if len(consumed) > common:
                 m.rollback(len(consumed) - common)
                 del consumed[common:]
@@ -272,10 +272,10 @@ class _GrammarAfter(GrammarMatcher):
         raise RuntimeError("a grammar read after pending tokens is read-only")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix.
 
-    >>> _common_prefix([1, 2, 3], [1, 2, 4, 5])
+    >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
     2
     """
     n = 0

@@ -13,6 +13,7 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,6 +41,19 @@ class StreamOptions(_Strict):
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 """What a function's or a JSON schema's name may be (OpenAI's rule)."""
+
+
+def _json_text(value: str) -> str:
+    """value, when it parses as JSON (a ValueError saying why not otherwise)."""
+    try:
+        json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"arguments must be JSON text ({e})") from None
+    return value
+
+
+JsonArguments = Annotated[str, AfterValidator(_json_text)]
+"""A call's arguments as JSON text (OpenAI's form), checked to parse."""
 
 
 class JsonSchemaFormat(_Strict):
@@ -164,17 +178,7 @@ class TextPart(_Strict):
 
 class FunctionCall(_Strict):
     name: str
-    arguments: str
-    """The arguments as JSON text (OpenAI's form)."""
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_text(cls, value: str) -> str:
-        try:
-            json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"arguments must be JSON text ({e})") from None
-        return value
+    arguments: JsonArguments
 
 
 class MessageToolCall(_Strict):

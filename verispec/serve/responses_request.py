@@ -15,7 +15,12 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from verispec.serve.errors import APIError, validation_error
 from verispec.serve.prompts import check_text
-from verispec.serve.protocol import FUNCTION_NAME, ChatCompletionRequest, _Strict
+from verispec.serve.protocol import (
+    FUNCTION_NAME,
+    ChatCompletionRequest,
+    JsonArguments,
+    _Strict,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -149,19 +154,9 @@ class InputFunctionCall(_Strict):
     type: Literal["function_call"]
     call_id: str
     name: str
-    arguments: str
-    """JSON text."""
+    arguments: JsonArguments
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_text(cls, value: str) -> str:
-        try:
-            json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"arguments must be JSON text ({e})") from None
-        return value
 
 
 class InputFunctionOutput(_Strict):
